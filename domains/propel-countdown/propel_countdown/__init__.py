@@ -1,0 +1,1 @@
+"""Countdown: reach a target by combining given numbers with + - * /, each used at most once."""

@@ -1,0 +1,170 @@
+"""The countdown domain and its validity predicates, registered with propel."""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from propel_core import hookimpl
+from propel_core.domain import Domain, Messages, ParseError, Verdict
+from propel_core.records import Context, Task, Validity
+from propel_countdown.arithmetic import ExpressionError, evaluate, solvable
+
+
+@hookimpl
+def register_domains(register):
+    register("countdown", Countdown)
+
+
+@hookimpl
+def register_validity_predicates(register):
+    register("countdown_rules", check_rules)
+    register("countdown_solvable", check_solvable)
+
+
+NUMBERS_LINE = re.compile(r"numbers\s*[:=]\s*\[?([^\n\]]*)", re.IGNORECASE)
+TARGET_LINE = re.compile(r"target\s*[:=]\s*(-?\d+)", re.IGNORECASE)
+ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+class Countdown(Domain):
+    """Puzzles of 3-6 numbers and a target; a solver answers with an expression in <answer> tags."""
+
+    validity_predicates = ("countdown_rules", "countdown_solvable")
+
+    def __init__(
+        self,
+        min_numbers: int = 3,
+        max_numbers: int = 6,
+        max_number: int = 100,
+        max_target: int = 1000,
+        num_contexts: int = 64,
+        max_attempt_chars: int = 4000,
+        seed: int = 1234,
+    ):
+        if not 2 <= min_numbers <= max_numbers <= 6:
+            raise ValueError(f"need 2 <= min_numbers <= max_numbers <= 6, got {min_numbers}..{max_numbers}")
+        self.min_numbers, self.max_numbers = min_numbers, max_numbers
+        self.max_number, self.max_target = max_number, max_target
+        self.max_attempt_chars = max_attempt_chars
+        self._contexts = _make_contexts(num_contexts, seed, self)
+
+    def contexts(self) -> list[Context]:
+        return self._contexts
+
+    def generator_prompt(self, context: Context) -> Messages:
+        examples = "\n\n".join(self.render(example) for example in context.data["examples"])
+        count = context.data["count"]
+        return [
+            {
+                "role": "user",
+                "content": (
+                    "You write Countdown puzzles. A puzzle is a list of numbers and a target number. "
+                    "Whoever solves it must reach the target by combining some of the numbers with "
+                    "+, -, * and /, using each number at most once.\n\n"
+                    f"Two example puzzles:\n\n{examples}\n\n"
+                    f"Write one new puzzle with {count} numbers between 1 and {self.max_number}, in exactly "
+                    "this format and nothing else:\nNumbers: <comma-separated numbers>\nTarget: <number>"
+                ),
+            }
+        ]
+
+    def parse(self, generation: str) -> dict[str, Any]:
+        numbers_match = NUMBERS_LINE.search(generation)
+        if numbers_match is None:
+            raise ParseError("no 'Numbers:' line")
+        target_match = TARGET_LINE.search(generation, numbers_match.end())
+        if target_match is None:
+            raise ParseError("no 'Target:' line after the numbers")
+        items = [item for item in re.split(r"[,\s]+", numbers_match.group(1).strip()) if item]
+        if not items:
+            raise ParseError("the 'Numbers:' line is empty")
+        if not all(re.fullmatch(r"-?\d{1,9}", item) for item in items):
+            raise ParseError("the numbers are not all integers")
+        if len(target_match.group(1)) > 10:
+            raise ParseError("the target is not a reasonable integer")
+        return {"numbers": [int(item) for item in items], "target": int(target_match.group(1))}
+
+    def render(self, payload: dict[str, Any]) -> str:
+        return f"Numbers: {', '.join(map(str, payload['numbers']))}\nTarget: {payload['target']}"
+
+    def solver_prompt(self, payload: dict[str, Any]) -> Messages:
+        numbers = ", ".join(map(str, payload["numbers"]))
+        return [
+            {
+                "role": "user",
+                "content": (
+                    f"Using the numbers {numbers}, write an arithmetic expression that equals "
+                    f"{payload['target']}. You may use +, -, *, / and parentheses, and each number at most "
+                    "once. Think it through, then give only the final expression inside <answer> </answer> "
+                    "tags, for example <answer>(3 + 5) * 2</answer>."
+                ),
+            }
+        ]
+
+    def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:
+        answers = ANSWER.findall(attempt)
+        diagnostics = {
+            "missing_answer": not answers,
+            "multiple_answers": len(answers) > 1,
+            "too_long": len(attempt) > self.max_attempt_chars,
+        }
+        if not answers:
+            return Verdict(False, "no <answer> tag", diagnostics)
+        try:
+            value = evaluate(answers[-1], payload["numbers"])
+        except ExpressionError as exc:
+            return Verdict(False, str(exc), diagnostics)
+        if value != payload["target"]:
+            return Verdict(False, f"expression equals {value}, not {payload['target']}", diagnostics)
+        return Verdict(True, None, diagnostics)
+
+    def topic(self, payload: dict[str, Any]) -> str:
+        magnitude = len(str(abs(payload["target"])))
+        return f"{len(payload['numbers'])} numbers, {magnitude}-digit target"
+
+
+def check_rules(task: Task, domain: Countdown) -> Validity:
+    numbers, target = task.payload["numbers"], task.payload["target"]
+    if not domain.min_numbers <= len(numbers) <= domain.max_numbers:
+        return Validity.reject(f"needs {domain.min_numbers}-{domain.max_numbers} numbers")
+    if not all(1 <= n <= domain.max_number for n in numbers):
+        return Validity.reject(f"numbers must lie in 1..{domain.max_number}")
+    if not 1 <= target <= domain.max_target:
+        return Validity.reject(f"target must lie in 1..{domain.max_target}")
+    if target in numbers:
+        return Validity.reject("target is one of the numbers (trivial)")
+    return Validity.ok()
+
+
+def check_solvable(task: Task, domain: Countdown) -> Validity:
+    if solvable(tuple(sorted(task.payload["numbers"])), task.payload["target"]):
+        return Validity.ok()
+    return Validity.reject("target unreachable from the numbers")
+
+
+def _make_contexts(count: int, seed: int, domain: Countdown) -> list[Context]:
+    """Contexts ask for a puzzle of a given size and show two solvable example puzzles of that size."""
+    rng = random.Random(seed)
+    contexts = []
+    for index in range(count):
+        size = rng.randint(domain.min_numbers, domain.max_numbers)
+        examples = [_example_puzzle(rng, size, domain) for _ in range(2)]
+        contexts.append(
+            Context(id=f"countdown-{index:03d}", data={"count": size, "examples": examples}, bucket=f"{size} numbers")
+        )
+    return contexts
+
+
+def _example_puzzle(rng: random.Random, size: int, domain: Countdown) -> dict[str, Any]:
+    """A solvable puzzle: the target is the value of a random expression over the numbers."""
+    while True:
+        numbers = [rng.randint(1, min(domain.max_number, 25 if i % 2 else domain.max_number)) for i in range(size)]
+        values = rng.sample(numbers, k=rng.randint(2, size))
+        total = values[0]
+        for value in values[1:]:
+            op = rng.choice("+-*")
+            total = total + value if op == "+" else total - value if op == "-" else total * value
+        if 10 <= total <= domain.max_target and total not in numbers:
+            return {"numbers": numbers, "target": total}

@@ -1,0 +1,139 @@
+"""The ``transformers`` model backend: sampling and hidden states with plain Hugging Face models."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from propel_core import hookimpl
+from propel_core.backend import HiddenStates, Prompt
+from propel_core.config import ModelConfig, Sampling
+from propel_core.embedded import EMBEDDED_MODEL_ID, resolve_model
+from propel_core.errors import PropelError
+
+if TYPE_CHECKING:
+    import torch
+
+
+@hookimpl
+def register_model_backends(register):
+    register("transformers", TransformersBackend)
+
+
+class TransformersBackend:
+    """Loads a causal LM (hub id, local folder, or the embedded default) and runs it in-process."""
+
+    def __init__(self, model: ModelConfig):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.config = model
+        self.model_id = model.model or EMBEDDED_MODEL_ID
+        path = resolve_model(model.model)
+        self.device = _pick_device(model.device)
+        dtype = _pick_dtype(model.dtype, self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, revision=model.revision)
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(path, revision=model.revision, dtype=dtype)
+        self.model.to(self.device).eval()
+        self.num_layers = self.model.config.num_hidden_layers
+
+    # -- generation ---------------------------------------------------------------------------------
+
+    def prompt_text(self, prompt: Prompt) -> str:
+        """The exact text fed to the model for ``prompt`` (chat template applied when configured)."""
+        if not self.config.chat_template:
+            return prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in prompt)
+        if self.tokenizer.chat_template is None:
+            raise PropelError(f"model {self.model_id!r} has no chat template; set chat_template: false for this role")
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def generate(
+        self, prompts: list[Prompt], n: int = 1, sampling: Sampling | None = None, seed: int | None = None
+    ) -> list[list[str]]:
+        import torch
+
+        sampling = sampling or self.config.sampling
+        do_sample = sampling.temperature > 0
+        knobs = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k) if do_sample else {}
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.tokenizer.padding_side = "left"  # generation continues from the right edge
+        results: list[list[str]] = []
+        texts = [self.prompt_text(p) for p in prompts]
+        for start in range(0, len(texts), self.config.batch_size):
+            batch = self.tokenizer(
+                texts[start : start + self.config.batch_size],
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=not self.config.chat_template,
+            ).to(self.device)
+            with torch.inference_mode():
+                out = self.model.generate(
+                    **batch,
+                    do_sample=do_sample,
+                    num_return_sequences=n,
+                    max_new_tokens=sampling.max_new_tokens,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    **knobs,
+                )
+            completions = self.tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+            results += [completions[i : i + n] for i in range(0, len(completions), n)]
+        return results
+
+    # -- hidden states ------------------------------------------------------------------------------
+
+    def hidden_states(self, texts: list[str], layers: list[int], max_length: int) -> HiddenStates:
+        import torch
+
+        bad = [layer for layer in layers if not 0 <= layer <= self.num_layers]
+        if bad:
+            raise PropelError(f"layers {bad} out of range for {self.model_id!r}: it has layers 0..{self.num_layers}")
+        base = self.model.base_model
+        blocks = base.layers
+        deepest = max(layers)
+        captured: dict[int, torch.Tensor] = {}
+
+        def keep(layer: int):
+            def hook(_module, _inputs, output):
+                captured[layer] = output[0] if isinstance(output, tuple) else output
+
+            return hook
+
+        handles = [
+            (self.model.get_input_embeddings() if layer == 0 else blocks[layer - 1]).register_forward_hook(keep(layer))
+            for layer in set(layers)
+        ]
+        self.tokenizer.padding_side = "right"  # causal attention: real tokens never see right padding
+        batch = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length).to(
+            self.device
+        )
+        base.layers = blocks[:deepest]  # blocks above the deepest requested layer are not run at all
+        try:
+            with torch.inference_mode():
+                base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        finally:
+            base.layers = blocks
+            for handle in handles:
+                handle.remove()
+        return HiddenStates(layers={layer: captured[layer] for layer in layers}, mask=batch["attention_mask"])
+
+
+def _pick_device(device: str) -> str:
+    import torch
+
+    if device != "auto":
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def _pick_dtype(dtype: str, device: str) -> torch.dtype:
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, dtype)

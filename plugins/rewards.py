@@ -1,0 +1,84 @@
+"""Reward rules that combine validity with probe scores (paper section 3.3 and appendix 12).
+
+Each rule reads only the scores it needs; a missing or non-finite score is an error, never a silent
+reward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+from propel_core import hookimpl
+from propel_core.config import RewardConfig
+from propel_core.errors import PropelError
+from propel_core.records import Task
+
+Rule = Callable[[Task, Mapping[str, object]], float]
+
+
+class RewardError(PropelError):
+    """A reward rule got scores it cannot turn into a reward."""
+
+
+@hookimpl
+def register_reward_rules(register):
+    register("hard", hard)
+    register("soft", soft)
+    register("probe_only", probe_only)
+    register("wco", wco)
+    register("adversarial", adversarial)
+
+
+def _score(scores: Mapping[str, object], key: str) -> float:
+    if key not in scores:
+        raise RewardError(f"this reward rule needs the score {key!r}; got {sorted(scores)}")
+    return _finite(key, scores[key])
+
+
+def _finite(key: str, value: object) -> float:
+    value = float(value)
+    if not math.isfinite(value):
+        raise RewardError(f"score {key!r} is {value}; the probe produced a non-finite output")
+    return value
+
+
+def _gated(config: RewardConfig, valid_reward: Callable[[Mapping[str, object]], float]) -> Rule:
+    """Invalid tasks get r_bad; valid ones get ``valid_reward(scores)``."""
+
+    def rule(task: Task, scores: Mapping[str, object]) -> float:
+        return valid_reward(scores) if task.validity.valid else config.r_bad
+
+    return rule
+
+
+def hard(config: RewardConfig) -> Rule:
+    """R_hard: r_bad if invalid, else the raw probe logit."""
+    return _gated(config, lambda scores: _score(scores, "logit"))
+
+
+def soft(config: RewardConfig) -> Rule:
+    """r_bad if invalid, else the probe probability clipped to [clip_low, clip_high]."""
+    return _gated(config, lambda scores: min(max(_score(scores, "probability"), config.clip_low), config.clip_high))
+
+
+def probe_only(config: RewardConfig) -> Rule:
+    """The probe probability, with no validity gate."""
+    return lambda task, scores: _score(scores, "probability")
+
+
+def wco(config: RewardConfig) -> Rule:
+    """R_WCO: r_bad if invalid, else the minimum logit over an ensemble of probes."""
+
+    def worst_case(scores: Mapping[str, object]) -> float:
+        logits = scores.get("ensemble_logits")
+        if not logits:
+            raise RewardError("the wco rule needs 'ensemble_logits' from at least one probe")
+        return min(_finite("ensemble_logits", value) for value in logits)
+
+    return _gated(config, worst_case)
+
+
+def adversarial(config: RewardConfig) -> Rule:
+    """r_bad if invalid, else min(main probe logit, auxiliary probe logit) (co-evolution)."""
+    return _gated(config, lambda scores: min(_score(scores, "logit"), _score(scores, "auxiliary_logit")))

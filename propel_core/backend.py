@@ -1,0 +1,44 @@
+"""The contract between stages and model backends (transformers, vLLM, OpenAI-compatible, ...)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from propel_core.config import ModelConfig, Sampling
+
+if TYPE_CHECKING:
+    import torch
+
+    from propel_core.plugins import Registry
+
+#: a prompt is either plain text or chat messages ([{"role": ..., "content": ...}, ...])
+Prompt = str | list[dict[str, str]]
+
+
+@dataclass
+class HiddenStates:
+    """Hidden states of a right-padded batch: ``layers[L]`` is ``Tensor[B, T, D]``, ``mask`` ``[B, T]``.
+
+    Layer 0 is the embedding output and layer L the output of decoder block L (Hugging Face's
+    ``hidden_states`` numbering), before any final norm.
+    """
+
+    layers: dict[int, torch.Tensor]
+    mask: torch.Tensor
+
+
+class ModelBackend(Protocol):
+    model_id: str
+
+    def generate(
+        self, prompts: list[Prompt], n: int = 1, sampling: Sampling | None = None, seed: int | None = None
+    ) -> list[list[str]]:
+        """``n`` sampled completions for each prompt (one batched call, not ``n`` calls)."""
+
+    def hidden_states(self, texts: list[str], layers: list[int], max_length: int) -> HiddenStates:
+        """One forward pass over ``texts``; blocks above ``max(layers)`` are not run."""
+
+
+def create_backend(model: ModelConfig, registry: Registry) -> ModelBackend:
+    return registry.get("model_backends", model.backend)(model)

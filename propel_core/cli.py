@@ -1,0 +1,120 @@
+"""The ``propel`` command line. Heavy libraries load only inside the verbs that need them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from importlib.resources import files
+from pathlib import Path
+
+import click
+
+from propel_core.errors import PropelError
+
+DEMO_CONFIG = files("propel_core") / "configs" / "demo.yaml"
+
+
+class PropelGroup(click.Group):
+    """Turns a PropelError (bad config, unknown name, missing file) into a one-line error, exit 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except PropelError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=PropelGroup)
+@click.version_option(package_name="propel-core")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars or progress messages.")
+@click.pass_context
+def cli(ctx: click.Context, quiet: bool) -> None:
+    """propel: train task generators at the learnable frontier with probe rewards."""
+    ctx.obj = {"quiet": quiet}
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def plugins(as_json: bool) -> None:
+    """List installed plugins, their versions and what each registers."""
+    from propel_core.plugins import KINDS, Registry
+
+    described = Registry.build().describe()
+    if as_json:
+        click.echo(json.dumps({"plugins": described}, indent=2))
+        return
+    for plugin in described:
+        click.echo(f"{plugin['name']} {plugin['version'] or ''}".rstrip())
+        for kind, names in plugin["registers"].items():
+            click.echo(f"  {KINDS[kind][1]}s: {', '.join(names)}")
+
+
+def _start(ctx: click.Context, config: tuple[str, ...], overrides: tuple[str, ...]):
+    from propel_core.config import load_config
+    from propel_core.plugins import Registry
+    from propel_core.run import Run
+
+    registry = Registry.build()
+    run = Run(load_config(list(config), list(overrides), registry), registry, quiet=ctx.obj["quiet"])
+    run.save_config()
+    return run
+
+
+def _run_stages(run, names) -> None:
+    from propel_core.stages import STAGES
+
+    for name in names:
+        logging.getLogger("propel").info("== %s -> %s", name, run.dir)
+        STAGES[name](run)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@click.pass_context
+def run(ctx: click.Context, config: str, overrides: tuple[str, ...]) -> None:
+    """Run every stage in order on CONFIG, with key=value OVERRIDES."""
+    from propel_core.stages import STAGES
+
+    _run_stages(_start(ctx, (config,), overrides), STAGES)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.option("--run-dir", default="runs/demo", show_default=True, help="Where the demo run goes.")
+@click.argument("overrides", nargs=-1)
+@click.pass_context
+def demo(ctx: click.Context, run_dir: str, overrides: tuple[str, ...]) -> None:
+    """The quick start: the whole pipeline on the embedded model with a small built-in config."""
+    from propel_core.stages import STAGES
+
+    with_dir = (f"run_dir={Path(run_dir)}", *overrides)
+    run = _start(ctx, (str(DEMO_CONFIG),), with_dir)
+    _run_stages(run, STAGES)
+    click.echo(f"\ndemo finished; everything it wrote is in {run.dir}/")
+
+
+def _stage_command(name: str, stage) -> click.Command:
+    @click.argument("config", type=click.Path(exists=True, dir_okay=False))
+    @click.argument("overrides", nargs=-1)
+    @click.pass_context
+    def command(ctx: click.Context, config: str, overrides: tuple[str, ...]) -> None:
+        _run_stages(_start(ctx, (config,), overrides), [name])
+
+    command.__doc__ = f"{(stage.__doc__ or '').strip()}\n\nReads CONFIG with key=value OVERRIDES."
+    return click.command(name, context_settings={"ignore_unknown_options": True})(command)
+
+
+def _add_stage_commands() -> None:
+    # stage modules are light (heavy imports happen inside the stages), so --help stays fast
+    from propel_core.stages import STAGES
+
+    for name, stage in STAGES.items():
+        cli.add_command(_stage_command(name, stage))
+
+
+_add_stage_commands()
+
+
+def main() -> None:
+    cli(prog_name="propel")

@@ -1,0 +1,259 @@
+"""Run configuration: YAML files + ``key=value`` overrides, validated into typed sections.
+
+Defaults are the paper's (appendices 14 and 16) where it gives one. Every problem is reported before
+any model loads, naming the key, the bad value and what is allowed; names of plugin components
+(``reward.rule``, ``domain.name``, ...) are checked against what is installed.
+"""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from propel_core.errors import PropelError
+from propel_core.plugins import KINDS, Registry, unknown_message
+
+
+class ConfigError(PropelError):
+    """The configuration is invalid; the message lists every problem found."""
+
+
+def component(kind: str, default: Any = ..., **kwargs: Any) -> Any:
+    """A field holding the registered name(s) of a ``kind`` component, checked against the registry."""
+    return Field(default, json_schema_extra={"component": kind}, **kwargs)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Sampling(Section):
+    """Sampling knobs of one model role."""
+
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 turns top-k filtering off")
+    max_new_tokens: int = Field(512, gt=0)
+
+
+class ModelConfig(Section):
+    """One model role. ``model: null`` is the embedded default (SmolLM2-135M-Instruct)."""
+
+    model: str | None = Field(None, description="Hugging Face id or local path; null = embedded default")
+    backend: str = component("model_backends", "transformers")
+    revision: str | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:1, mps")
+    chat_template: bool = Field(True, description="wrap prompts in the model's chat template")
+    batch_size: int = Field(8, gt=0, description="prompts per generation call")
+    sampling: Sampling = Sampling()
+    # OpenAI-compatible endpoints (backend: openai)
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    max_concurrency: int = Field(8, gt=0)
+    max_retries: int = Field(3, ge=0)
+
+
+def _role(**sampling: Any) -> Any:
+    return Field(default_factory=lambda: ModelConfig(sampling=Sampling(**sampling)))
+
+
+class DomainConfig(Section):
+    name: str = component("domains")
+    options: dict[str, Any] = Field(default_factory=dict, description="passed to the domain's factory")
+
+
+class GenerateConfig(Section):
+    num_tasks: int = Field(64, gt=0, description="generations to sample")
+    context_sampler: str = component("context_samplers", "uniform")
+    sampler_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class LabelConfig(Section):
+    k: int = Field(8, gt=0, description="solver attempts per task")
+    band_low: float = Field(1 / 8, ge=0.0, le=1.0, description="a: lowest in-band solve rate")
+    band_high: float = Field(3 / 8, ge=0.0, le=1.0, description="b: highest in-band solve rate")
+    min_valid_attempts: int = Field(1, gt=0, description="fewer gradable attempts leave utility unknown")
+    balance: Literal["downsample", "weighted"] = "downsample"
+
+    @model_validator(mode="after")
+    def _band_in_order(self) -> LabelConfig:
+        if self.band_low > self.band_high:
+            raise ValueError(f"band_low ({self.band_low}) must not exceed band_high ({self.band_high})")
+        if self.min_valid_attempts > self.k:
+            raise ValueError(f"min_valid_attempts ({self.min_valid_attempts}) exceeds k ({self.k})")
+        return self
+
+
+class ProbeConfig(Section):
+    layers: list[int] = Field(default_factory=lambda: [3, 7, 11, 15, 19, 23, 27, 31])
+    poolings: list[str] = component("poolers", default_factory=lambda: ["last_token", "mean_full", "mean_last_50"])
+    architectures: list[str] = component("probe_architectures", default_factory=lambda: ["linear", "mlp"])
+    balance: list[Literal["downsample", "weighted"]] = Field(default_factory=lambda: ["downsample"])
+    split: Literal["random", "grouped_kfold"] = "random"
+    folds: int = Field(5, gt=1)
+    max_length: int = Field(2048, gt=0)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(1e-4, ge=0)
+    batch_size: int = Field(64, gt=0)
+    epochs: int = Field(50, gt=0)
+    patience: int = Field(7, gt=0)
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    rvp_samples: int = Field(512, gt=0)
+    calibrate: bool = False
+
+
+class RewardConfig(Section):
+    rule: str = component("reward_rules", "hard")
+    r_bad: float = Field(-0.2, description="reward of an invalid task")
+    overflow_reward: float = Field(0.0, description="reward when the task overflows the context")
+    clip_low: float = 0.1
+    clip_high: float = 0.95
+    probes: list[str] = Field(default_factory=list, description="extra probe bundles (ensemble, auxiliary)")
+
+
+class TrainConfig(Section):
+    steps: int = Field(50, gt=0)
+    lr: float = Field(5e-5, gt=0)
+    beta: float = Field(0.1, ge=0, description="KL coefficient (paper: 0.1 math, 0.05 AZR)")
+    group_size: int = Field(4, gt=1)
+    per_device_batch: int = Field(8, gt=0)
+    gradient_accumulation: int = Field(8, gt=0)
+    temperature: float = Field(0.9, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    top_k: int = Field(20, ge=0)
+    max_completion_length: int = Field(512, gt=0)
+    lora_r: int = Field(16, gt=0)
+    lora_alpha: int = Field(32, gt=0)
+    lora_dropout: float = Field(0.05, ge=0, lt=1)
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "grpo"
+    epsilon_low: float = Field(0.2, gt=0)
+    epsilon_high: float | None = None
+    checkpoint_every: int = Field(10, gt=0)
+    use_vllm: bool = False
+    report_to: str = "none"
+
+
+class EvaluateConfig(Section):
+    num_tasks: int = Field(1024, gt=0)
+    k: int = Field(8, gt=0)
+
+
+class PropelConfig(Section):
+    """A whole run. ``run_dir`` is the folder every stage reads from and writes to."""
+
+    run_dir: Path = Path("runs/default")
+    seed: int = 0
+    generator: ModelConfig = _role(temperature=1.0, top_p=0.95)
+    reference: ModelConfig = Field(
+        default_factory=ModelConfig, description="null model = the generator's base model (frozen copy)"
+    )
+    solver: ModelConfig = _role(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=1024)
+    domain: DomainConfig
+    generate: GenerateConfig = GenerateConfig()
+    label: LabelConfig = LabelConfig()
+    probe: ProbeConfig = ProbeConfig()
+    reward: RewardConfig = RewardConfig()
+    train: TrainConfig = TrainConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+
+    @model_validator(mode="after")
+    def _reference_defaults_to_generator(self) -> PropelConfig:
+        if self.reference.model is None:
+            self.reference.model = self.generator.model
+        return self
+
+
+def load_config(
+    paths: list[str | Path] | str | Path, overrides: list[str] = (), registry: Registry | None = None
+) -> PropelConfig:
+    """Merge YAML files and dotlist overrides, validate, and check component names.
+
+    ``registry`` defaults to one built from the installed plugins.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    try:
+        layers = []
+        for path in paths:
+            if not Path(path).is_file():
+                raise ConfigError(f"config file not found: {path}")
+            layers.append(OmegaConf.load(path))
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        data = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"cannot read config: {exc}") from None
+    return validate_config(data or {}, registry)
+
+
+def validate_config(data: dict[str, Any], registry: Registry | None = None) -> PropelConfig:
+    try:
+        config = PropelConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc)) from None
+    problems = check_components(config, registry or Registry.build())
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
+    return config
+
+
+def check_components(model: BaseModel, registry: Registry, prefix: str = "") -> list[str]:
+    """Every field marked with ``component(kind)`` must name installed components of that kind."""
+    problems = []
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        key = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            problems += check_components(value, registry, key + ".")
+            continue
+        extra = info.json_schema_extra
+        kind = extra.get("component") if isinstance(extra, dict) else None
+        if kind is None:
+            continue
+        installed = registry.names(kind)
+        for item in value if isinstance(value, list) else [value]:
+            if item not in installed:
+                problems.append(f"{key}: {unknown_message(KINDS[kind][1], item, installed)}")
+    return problems
+
+
+def format_errors(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = err["loc"]
+        key = ".".join(str(part) for part in loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            fields = sorted(_section_at(loc[:-1]).model_fields)
+            lines.append(f"{key}: unknown key; valid keys here: {', '.join(fields)}")
+        elif err["type"] == "missing":
+            lines.append(f"{key}: required key is missing")
+        else:
+            lines.append(f"{key} = {err.get('input')!r}: {err['msg']}")
+    return "invalid config:\n" + "\n".join(f"  - {line}" for line in lines)
+
+
+def _section_at(loc: tuple[Any, ...]) -> type[BaseModel]:
+    model: type[BaseModel] = PropelConfig
+    for part in loc:
+        if isinstance(part, int):  # an index into a list of sections
+            continue
+        annotation = model.model_fields[part].annotation
+        candidates = (annotation, *typing.get_args(annotation))
+        model = next(a for a in candidates if isinstance(a, type) and issubclass(a, BaseModel))
+    return model
+
+
+def dump_config(config: PropelConfig) -> str:
+    """The resolved config as YAML, the form stored in ``RUN/config.yaml``."""
+    import yaml
+
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

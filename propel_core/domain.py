@@ -1,0 +1,91 @@
+"""The interface every task domain implements, and how the core turns a generation into a Task."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from propel_core.records import Context, Task, Validity
+
+Messages = list[dict[str, str]]
+
+
+class ParseError(ValueError):
+    """A generation cannot be read as a task; the message is the rejection reason."""
+
+
+@dataclass(slots=True)
+class Verdict:
+    """The grade of one solver attempt: solved, not solved, or ungradable (``solved is None``)."""
+
+    solved: bool | None
+    reason: str | None = None
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+
+class Domain(ABC):
+    """A task domain. Subclass it in a plugin and register the class with ``register_domains``."""
+
+    #: registered name, filled in by the core
+    name: str = ""
+    #: names of registered validity predicates applied after parsing, in order
+    validity_predicates: Sequence[str] = ()
+    #: workflow markers a generation can reach, for partial-credit rewards (seed 002)
+    workflow_markers: Sequence[str] = ()
+
+    @abstractmethod
+    def contexts(self) -> list[Context]:
+        """Everything the generator may be conditioned on; each context has a stable id."""
+
+    @abstractmethod
+    def generator_prompt(self, context: Context) -> Messages:
+        """Chat messages asking the generator for one task given ``context``."""
+
+    @abstractmethod
+    def parse(self, generation: str) -> dict[str, Any]:
+        """The task payload in ``generation``; raise :class:`ParseError` with a reason if there is none."""
+
+    @abstractmethod
+    def render(self, payload: dict[str, Any]) -> str:
+        """The task as text, the input the frozen reference model reads."""
+
+    @abstractmethod
+    def solver_prompt(self, payload: dict[str, Any]) -> Messages:
+        """Chat messages asking the solver to solve the task."""
+
+    @abstractmethod
+    def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:
+        """Grade one solver attempt against the task."""
+
+    def topic(self, payload: dict[str, Any]) -> str | None:
+        """A coarse topic, for the top-topic diversity metric; None when the domain has none."""
+        return None
+
+
+def make_task(
+    task_id: str,
+    domain: Domain,
+    context: Context,
+    generation: str,
+    generator: str,
+    predicates: dict[str, Callable[[Task, Domain], Validity]],
+) -> Task:
+    """Parse, render and check one generation. Never raises on what the model wrote."""
+    fields: dict[str, Any] = dict(
+        id=task_id, domain=domain.name, context_id=context.id, generation=generation, generator=generator
+    )
+    try:
+        payload = domain.parse(generation)
+    except ParseError as exc:
+        return Task(**fields, validity=Validity.reject(f"parse: {exc}"))
+    task = Task(
+        **fields, payload=payload, text=domain.render(payload), topic=domain.topic(payload), validity=Validity.ok()
+    )
+    for name in domain.validity_predicates:
+        validity = predicates[name](task, domain)
+        if not validity.valid:
+            task.validity = Validity.reject(f"{name}: {validity.reason}")
+            break
+    return task

@@ -1,0 +1,131 @@
+"""Every hook a propel plugin can implement.
+
+This file is the reference for plugin authors. Each hook is a *contribution* hook: the core calls it
+once per plugin while it builds the component registry (the first time a stage or ``propel plugins``
+needs it), passing a ``register`` callback. A plugin calls ``register(name, component)`` once for each
+component it contributes. The core owns the names: it records which plugin gave each component, and
+two components of one kind under one name is an error that names both plugins.
+
+Components are chosen by their registered name in config (``reward.rule: wco``). What ``component``
+must be differs per kind and is given in each hook's docstring; in every case the core calls it, so
+it may be a class, a function, or any callable. Specs only ever grow new arguments; an implementation
+may accept fewer arguments than its spec (pluggy drops the rest), so old plugins keep working.
+
+Heavy libraries (torch, transformers, trl) must be imported inside the component, never at module
+import time: ``propel plugins`` imports every plugin and must answer in well under a second.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("propel")
+
+
+@hookspec
+def register_domains(register):
+    """Contribute task domains (math, azr, countdown, swe, ...).
+
+    Called once per plugin when the registry is built.
+
+    ``register(name: str, factory)`` where ``factory(**options) -> propel_core.domain.Domain``. The
+    options are the ``domain.options`` mapping of the config. The returned object implements the
+    :class:`propel_core.domain.Domain` interface: contexts for the generator, the generator prompt,
+    parsing a generation into a payload, rendering the text the reference model reads, the names of
+    its validity predicates, the solver prompt, a grader for one solver attempt, and a topic.
+
+    The core instantiates exactly one domain per run, the one named by ``domain.name``.
+    """
+
+
+@hookspec
+def register_validity_predicates(register):
+    """Contribute validity predicates W(x): cheap checks that a task is usable at all.
+
+    ``register(name: str, predicate)`` where
+    ``predicate(task: propel_core.records.Task, domain: Domain) -> propel_core.records.Validity``.
+    The task arrives parsed (``task.payload`` is set); the predicate must never raise on bad input,
+    it returns ``Validity(valid=False, reason=...)`` with a reason a person can act on.
+
+    A domain lists the predicate names it applies in ``Domain.validity_predicates``; the core runs
+    them in that order after parsing and stops at the first rejection, whose reason is recorded on the
+    task. Predicates are registered globally so that one domain can reuse another's.
+    """
+
+
+@hookspec
+def register_model_backends(register):
+    """Contribute model backends (``transformers``, ``vllm``, ``openai``, ...).
+
+    ``register(name: str, factory)`` where ``factory(model: propel_core.config.ModelConfig)`` returns an
+    object implementing :class:`propel_core.backend.ModelBackend`: ``generate`` (K sampled completions
+    per prompt with the configured sampling knobs), ``hidden_states`` (pooled-ready hidden states at
+    chosen layers), and ``model_id``.
+
+    Each model role in config (``generator``, ``reference``, ``solver``) names its backend; the core
+    creates one backend per role when a stage first needs it and reuses it for the rest of the stage.
+    """
+
+
+@hookspec
+def register_poolers(register):
+    """Contribute poolers that turn one task's hidden states into one vector.
+
+    ``register(name: str, pooler)`` where
+    ``pooler(hidden: Tensor[B, T, D], mask: Tensor[B, T]) -> Tensor[B, D']``. ``mask`` is 1 on real
+    tokens and 0 on padding, which may sit on either side; padding must never reach the result.
+
+    Probe sweeps name poolers in ``probe.poolings``; each name becomes one column of the sweep.
+    """
+
+
+@hookspec
+def register_probe_architectures(register):
+    """Contribute probe heads that map a pooled vector to a logit.
+
+    ``register(name: str, factory)`` where ``factory(input_dim: int) -> torch.nn.Module``; the module
+    maps ``Tensor[B, input_dim]`` to logits ``Tensor[B]`` for the positive (in-band) class.
+
+    Probe sweeps name architectures in ``probe.architectures``.
+    """
+
+
+@hookspec
+def register_reward_rules(register):
+    """Contribute reward rules: how validity and scorer outputs combine into the RL reward.
+
+    ``register(name: str, factory)`` where ``factory(config: propel_core.config.RewardConfig)``
+    returns a callable ``rule(task: Task, scores: Mapping[str, float]) -> float``. ``scores`` holds the
+    probe outputs the core computed for that task: ``logit`` and ``probability`` of the main probe,
+    ``ensemble_logits`` for an ensemble. The rule returns one finite float; non-finite scores are an
+    error, never a silent reward.
+
+    The run uses the single rule named by ``reward.rule``.
+    """
+
+
+@hookspec
+def register_context_samplers(register):
+    """Contribute context samplers: which contexts the generator sees next.
+
+    ``register(name: str, factory)`` where
+    ``factory(contexts: list[Context], seed: int, **options) -> sampler``. The sampler provides
+    ``sample(n: int) -> list[Context]`` and ``update(contexts: list[Context], rewards: list[float])``,
+    which the core calls with the rewards those contexts earned (a no-op for samplers that ignore
+    feedback). ``options`` is ``generate.sampler_options``.
+
+    The run uses the sampler named by ``generate.context_sampler``.
+    """
+
+
+@hookspec
+def register_sandboxes(register):
+    """Contribute sandboxes that run untrusted code (everything a model writes) and test suites.
+
+    ``register(name: str, factory)`` where ``factory(**options)`` returns a sandbox whose
+    ``run(...)`` executes a program in isolation under time, memory and output limits and returns a
+    result with a status (ok, error, timeout, oom, output_limit, crashed, no_result, sandbox_error).
+    A sandbox fails closed: a missing isolation layer is an error unless config explicitly allows it.
+
+    Domains that execute code name the sandbox they use in their options.
+    """

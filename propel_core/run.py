@@ -1,0 +1,65 @@
+"""What a stage gets: the validated config, the registry, its run folder, models and a progress bar."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from propel_core.backend import ModelBackend, create_backend
+from propel_core.config import PropelConfig, dump_config
+from propel_core.domain import Domain
+from propel_core.plugins import Registry
+
+log = logging.getLogger("propel")
+
+ROLES = ("generator", "reference", "solver")
+
+
+@dataclass
+class Run:
+    config: PropelConfig
+    registry: Registry
+    quiet: bool = False
+    _backends: dict[str, ModelBackend] = field(default_factory=dict, repr=False)
+    _domain: Domain | None = field(default=None, repr=False)
+
+    @property
+    def dir(self) -> Path:
+        return self.config.run_dir
+
+    def save_config(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.yaml").write_text(dump_config(self.config))
+
+    def backend(self, role: str) -> ModelBackend:
+        """The backend of one model role, loaded on first use; roles naming the same model share it."""
+        model = getattr(self.config, role)
+        key = model.model_dump_json(exclude={"sampling"})
+        if key not in self._backends:
+            log.info("loading %s model: %s", role, model.model or "embedded default")
+            self._backends[key] = create_backend(model, self.registry)
+        return self._backends[key]
+
+    def domain(self) -> Domain:
+        if self._domain is None:
+            name = self.config.domain.name
+            self._domain = self.registry.get("domains", name)(**self.config.domain.options)
+            self._domain.name = name
+        return self._domain
+
+    def component(self, kind: str, name: str) -> Any:
+        return self.registry.get(kind, name)
+
+    @contextlib.contextmanager
+    def progress(self, description: str, total: int) -> Iterator[Callable[[int], None]]:
+        """A progress bar (silent with ``-q``); yields ``advance(n)``."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+        with Progress(*columns, disable=self.quiet, transient=False) as bar:
+            task = bar.add_task(description, total=total)
+            yield lambda n=1: bar.advance(task, n)

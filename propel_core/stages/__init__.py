@@ -1,0 +1,16 @@
+"""The pipeline stages, in the order ``propel run`` runs them.
+
+Each stage is ``stage(run: Run) -> None``: it reads the previous stage's files from the run folder and
+writes its own, so any stage can be rerun or resumed alone. Each gets a CLI verb of its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from propel_core.run import Run
+from propel_core.stages.generate import generate
+
+STAGES: dict[str, Callable[[Run], None]] = {
+    "generate": generate,
+}

@@ -1,0 +1,59 @@
+"""generate: the generator writes tasks from sampled contexts -> ``RUN/tasks.jsonl``.
+
+Every generation becomes a record, invalid ones too, with the rejection reason. Contexts are drawn
+up front from the seeded sampler, so a rerun after a crash draws the same ones and only writes the
+tasks still missing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from propel_core.domain import make_task
+from propel_core.records import JsonlWriter, Task, iter_jsonl
+from propel_core.run import Run, log
+
+
+def task_id(index: int) -> str:
+    return f"t{index:06d}"
+
+
+def generate(run: Run) -> None:
+    """Sample tasks from the generator, parse them and check validity -> tasks.jsonl."""
+    config = run.config
+    domain = run.domain()
+    sampler_factory = run.component("context_samplers", config.generate.context_sampler)
+    sampler = sampler_factory(domain.contexts(), seed=config.seed, **config.generate.sampler_options)
+    contexts = sampler.sample(config.generate.num_tasks)
+    predicates = {name: run.component("validity_predicates", name) for name in domain.validity_predicates}
+
+    path = run.dir / "tasks.jsonl"
+    done = {task.id for task in iter_jsonl(path, Task)}
+    todo = [(i, context) for i, context in enumerate(contexts) if task_id(i) not in done]
+    if done:
+        log.info("tasks.jsonl already has %d tasks; %d to go", len(done), len(todo))
+    if todo:
+        backend = run.backend("generator")
+        batch_size = config.generator.batch_size
+        with JsonlWriter(path) as out, run.progress("generate", total=len(contexts)) as advance:
+            advance(len(contexts) - len(todo))
+            for start in range(0, len(todo), batch_size):
+                chunk = todo[start : start + batch_size]
+                prompts = [domain.generator_prompt(context) for _, context in chunk]
+                # seeded by position, so a resumed run samples what the first run would have
+                completions = backend.generate(prompts, n=1, seed=config.seed + chunk[0][0])
+                for (index, context), (text,) in zip(chunk, completions, strict=True):
+                    out.write(make_task(task_id(index), domain, context, text, backend.model_id, predicates))
+                advance(len(chunk))
+    print(funnel(list(iter_jsonl(path, Task))))
+
+
+def funnel(tasks: list[Task]) -> str:
+    """generated -> parsed -> valid, and the most common rejection reasons."""
+    parsed = sum(task.payload is not None for task in tasks)
+    valid = sum(task.validity.valid for task in tasks)
+    lines = [f"generated {len(tasks)} -> parsed {parsed} -> valid {valid}"]
+    reasons = Counter(task.validity.reason for task in tasks if not task.validity.valid)
+    for reason, count in reasons.most_common(5):
+        lines.append(f"  {count:5d}  {reason}")
+    return "\n".join(lines)
