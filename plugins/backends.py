@@ -72,12 +72,14 @@ class TransformersBackend:
                 out = self.model.generate(
                     **batch,
                     do_sample=do_sample,
-                    num_return_sequences=n,
+                    num_return_sequences=n if do_sample else 1,
                     max_new_tokens=sampling.max_new_tokens,
                     pad_token_id=self.tokenizer.pad_token_id,
                     **knobs,
                 )
             completions = self.tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+            if not do_sample:  # greedy: the n completions are the same one
+                completions = [text for text in completions for _ in range(n)]
             results += [completions[i : i + n] for i in range(0, len(completions), n)]
         return results
 

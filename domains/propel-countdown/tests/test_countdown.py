@@ -1,0 +1,164 @@
+"""The countdown domain: registration, solvability search, safe evaluation, parsing and grading."""
+
+import functools
+import itertools
+import random
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from propel_countdown.arithmetic import ExpressionError, evaluate, solvable
+
+from propel_core.domain import ParseError, make_task
+from propel_core.plugins import Registry
+
+
+def test_shows_up_in_propel_plugins(registry):
+    described = {p["name"]: p for p in registry.describe()}
+    assert described["countdown"]["registers"] == {
+        "domains": ["countdown"],
+        "validity_predicates": ["countdown_rules", "countdown_solvable"],
+    }
+
+
+@pytest.fixture
+def domain(registry):
+    countdown = registry.get("domains", "countdown")()
+    countdown.name = "countdown"
+    return countdown
+
+
+@pytest.fixture
+def predicates(registry, domain):
+    return {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+
+
+def brute_force(numbers, target):
+    """Every value of every expression tree over every ordered subset: slow, obviously right."""
+
+    def values(items):
+        if len(items) == 1:
+            yield Fraction(items[0])
+            return
+        for split in range(1, len(items)):
+            for left in values(items[:split]):
+                for right in values(items[split:]):
+                    yield from (left + right, left - right, left * right)
+                    if right:
+                        yield left / right
+
+    return any(
+        value == target
+        for size in range(1, len(numbers) + 1)
+        for subset in itertools.permutations(numbers, size)
+        for value in values(subset)
+    )
+
+
+def test_search_agrees_with_brute_force():
+    rng = random.Random(0)
+    for _ in range(150):
+        numbers = tuple(sorted(rng.randint(1, 12) for _ in range(rng.randint(2, 4))))
+        target = rng.randint(1, 120)
+        assert solvable(numbers, target) == brute_force(numbers, target), (numbers, target)
+
+
+@pytest.mark.parametrize(
+    ("numbers", "target", "expected"),
+    [((3, 8, 8), 24, True), ((1, 5, 5, 5), 24, True), ((2, 3), 7, False), ((1, 1, 1, 1, 1, 1), 10, False),
+     ((1, 1, 1, 1, 1, 1), 9, True), ((3, 6, 25, 50, 75, 100), 952, True)],
+)  # fmt: skip
+def test_known_puzzles(numbers, target, expected):
+    assert solvable(numbers, target) is expected
+
+
+def test_evaluate_exact_and_checks_numbers():
+    assert evaluate("8 / (3 - 8 / 3)", [3, 3, 8, 8]) == 24
+    assert evaluate("(5 - 1/5) * 5", [1, 5, 5, 5]) == 24
+    with pytest.raises(ExpressionError, match=r"not available: \[5\]"):
+        evaluate("5 + 5", [5, 3])
+    with pytest.raises(ExpressionError, match="division by zero"):
+        evaluate("3 / (2 - 2)", [3, 2, 2])
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["__import__('os').system('echo hi')", "2 ** 10", "-3 + 5", "abs(3)", "(3).real", "3.5 + 1", "[3][0]", "x + 1"],
+)
+def test_evaluate_rejects_everything_but_arithmetic(expression):
+    with pytest.raises(ExpressionError):
+        evaluate(expression, [3, 5, 10, 1, 2, 0])
+
+
+def test_parse_and_render(domain):
+    payload = domain.parse("Sure!\nNumbers: 4, 7, 25, 50\nTarget: 129\nHope it's fun.")
+    assert payload == {"numbers": [4, 7, 25, 50], "target": 129}
+    assert domain.parse(domain.render(payload)) == payload
+    with pytest.raises(ParseError, match="no 'Numbers:' line"):
+        domain.parse("Target: 5")
+    with pytest.raises(ParseError, match="not all integers"):
+        domain.parse("Numbers: 3, five, 7\nTarget: 12")
+
+
+def test_validity(domain, predicates):
+    context = domain.contexts()[0]
+    check = lambda text: make_task("t", domain, context, text, "m", predicates).validity  # noqa: E731
+    assert check("Numbers: 3, 8, 8\nTarget: 24").valid
+    assert check("Numbers: 3, 8\nTarget: 24").reason == "countdown_rules: needs 3-6 numbers"
+    assert check("Numbers: 3, 8, 800\nTarget: 24").reason == "countdown_rules: numbers must lie in 1..100"
+    assert check("Numbers: 3, 8, 24\nTarget: 24").reason == "countdown_rules: target is one of the numbers (trivial)"
+    assert check("Numbers: 1, 1, 1\nTarget: 97").reason == "countdown_solvable: target unreachable from the numbers"
+
+
+def test_contexts_are_solvable_examples(domain):
+    contexts = domain.contexts()
+    assert len(contexts) == 64 and len({c.id for c in contexts}) == 64
+    for context in contexts:
+        for example in context.data["examples"]:
+            assert len(example["numbers"]) == context.data["count"]
+            assert solvable(tuple(sorted(example["numbers"])), example["target"])
+
+
+@pytest.mark.parametrize(
+    ("attempt", "solved", "reason", "flags"),
+    [
+        ("<think>8/(3-8/3) needs two 3s</think> <answer>8 * 3</answer>", True, None, set()),
+        ("<answer>8 / (3 - 8 / 3)</answer>", False, "uses numbers not available: [3]", set()),
+        ("<answer>3 * 8</answer>", True, None, set()),
+        ("<answer>8 + 8 + 3</answer>", False, "expression equals 19, not 24", set()),
+        ("the answer is 3*8", False, "no <answer> tag", {"missing_answer"}),
+        ("<answer>8+8</answer> no wait <answer>3*8</answer>", True, None, {"multiple_answers"}),
+        ("<answer>3 * 8 * 1</answer>", False, "uses numbers not available: [1]", set()),
+        ("<answer>import os</answer>", False, "not an arithmetic expression (SyntaxError)", set()),
+        ("x" * 5000 + "<answer>3*8</answer>", True, None, {"too_long"}),
+    ],
+)
+def test_grader_on_hand_checked_attempts(domain, attempt, solved, reason, flags):
+    verdict = domain.grade({"numbers": [3, 8, 8], "target": 24}, attempt)
+    assert (verdict.solved, verdict.reason) == (solved, reason)
+    assert {flag for flag, raised in verdict.diagnostics.items() if raised} == flags
+
+
+@functools.cache
+def shared():
+    """One domain and its predicates for the fuzz tests (hypothesis reruns a test body many times)."""
+    registry = Registry.build()
+    domain = registry.get("domains", "countdown")(num_contexts=1)
+    return domain, {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("Numbers:Target0123456789 ,\n-[]=x")), max_size=80) | st.text(max_size=80))
+def test_parse_and_validity_never_raise(text):
+    domain, predicates = shared()
+    task = make_task("t", domain, domain.contexts()[0], text, "m", predicates)
+    assert task.validity.valid or task.validity.reason
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(max_size=60))
+def test_grader_never_raises(expression):
+    domain, _ = shared()
+    verdict = domain.grade({"numbers": [3, 8, 8], "target": 24}, f"<answer>{expression}</answer>")
+    assert verdict.solved in (True, False)

@@ -1,0 +1,68 @@
+"""An example third-party propel domain: the generator proposes a word, the solver reverses it.
+
+docs/writing_plugins.md builds this package step by step.
+"""
+
+import re
+
+from propel_core import hookimpl
+from propel_core.domain import Domain, ParseError, Verdict
+from propel_core.records import Context, Validity
+
+
+@hookimpl
+def register_domains(register):
+    register("reverse_word", ReverseWord)
+
+
+@hookimpl
+def register_validity_predicates(register):
+    register("word_length", word_length)
+
+
+class ReverseWord(Domain):
+    validity_predicates = ("word_length",)
+
+    def __init__(self, min_letters=5, max_letters=12):
+        self.min_letters, self.max_letters = min_letters, max_letters
+
+    def contexts(self):
+        return [Context(id=f"letter-{c}", data={"letter": c}) for c in "abcdefghij"]
+
+    def generator_prompt(self, context):
+        letter = context.data["letter"]
+        return [
+            {
+                "role": "user",
+                "content": f"Write one English word that starts with '{letter}'. Reply with the word only.",
+            }
+        ]
+
+    def parse(self, generation):
+        match = re.search(r"[A-Za-z]+", generation)
+        if match is None:
+            raise ParseError("no word in the generation")
+        return {"word": match.group(0).lower()}
+
+    def render(self, payload):
+        return f"Reverse the letters of the word: {payload['word']}"
+
+    def solver_prompt(self, payload):
+        return [{"role": "user", "content": self.render(payload) + "\nReply with the reversed word only."}]
+
+    def grade(self, payload, attempt):
+        words = re.findall(r"[A-Za-z]+", attempt)
+        if not words:
+            return Verdict(False, "no word in the answer")
+        solved = words[0].lower() == payload["word"][::-1]
+        return Verdict(solved, None if solved else "wrong reversal")
+
+    def topic(self, payload):
+        return payload["word"][0]
+
+
+def word_length(task, domain):
+    length = len(task.payload["word"])
+    if domain.min_letters <= length <= domain.max_letters:
+        return Validity.ok()
+    return Validity.reject(f"{length} letters, outside {domain.min_letters}..{domain.max_letters}")

@@ -1,0 +1,77 @@
+"""The transformers backend on the real embedded model."""
+
+import pytest
+import torch
+
+from propel_core.config import Sampling
+from propel_core.embedded import EMBEDDED_MODEL_ID, embedded_model_path
+from propel_core.errors import PropelError
+
+pytestmark = pytest.mark.slow
+
+
+def test_embedded_cache_is_plain_safetensors(embedded_backend):
+    folder = embedded_model_path()
+    assert (folder / "model.safetensors").exists() and (folder / "config.json").exists()
+    assert "quantization_config" not in (folder / "config.json").read_text()
+    assert embedded_backend.model_id == EMBEDDED_MODEL_ID
+    assert embedded_backend.num_layers == 30
+    assert embedded_backend.model.config.hidden_size == 576
+
+
+def test_chat_template_applied(embedded_backend):
+    text = embedded_backend.prompt_text("Hello")
+    assert "<|im_start|>user\nHello<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_k_samples_per_prompt_reproducible(embedded_backend):
+    sampling = Sampling(temperature=0.9, top_p=0.95, top_k=20, max_new_tokens=8)
+    prompts = ["Name a color.", [{"role": "user", "content": "Name an animal."}], "Count to three."]
+    first = embedded_backend.generate(prompts, n=3, sampling=sampling, seed=7)
+    assert [len(group) for group in first] == [3, 3, 3]
+    assert embedded_backend.generate(prompts, n=3, sampling=sampling, seed=7) == first
+    assert len({text for group in first for text in group}) > 3  # sampling, not one greedy answer
+
+
+def test_greedy_when_temperature_zero(embedded_backend):
+    greedy = Sampling(temperature=0.0, max_new_tokens=6)
+    one = embedded_backend.generate(["What is 2+2?"], n=2, sampling=greedy, seed=1)
+    two = embedded_backend.generate(["What is 2+2?"], n=1, sampling=greedy, seed=2)
+    assert one[0][0] == one[0][1] == two[0][0]
+
+
+def test_hidden_states_match_full_forward(embedded_backend):
+    texts = ["A longer task statement with several more tokens in it.", "Short one."]
+    states = embedded_backend.hidden_states(texts, [0, 5, 11], max_length=64)
+    tok = embedded_backend.tokenizer
+    tok.padding_side = "right"
+    batch = tok(texts, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        full = embedded_backend.model(**batch, output_hidden_states=True).hidden_states
+    real = states.mask.bool()
+    assert real.sum(1).tolist() == batch["attention_mask"].sum(1).tolist()
+    for layer in (0, 5, 11):
+        torch.testing.assert_close(states.layers[layer][real], full[layer][real], atol=1e-4, rtol=1e-4)
+
+
+def test_blocks_above_deepest_layer_do_not_run(embedded_backend):
+    calls = []
+    blocks = embedded_backend.model.base_model.layers
+    handles = [blocks[i].register_forward_hook(lambda *a, i=i: calls.append(i)) for i in range(len(blocks))]
+    try:
+        embedded_backend.hidden_states(["one task"], [3, 7], max_length=16)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert calls == list(range(7))
+    assert len(embedded_backend.model.base_model.layers) == 30  # restored
+
+
+def test_max_length_truncates(embedded_backend):
+    states = embedded_backend.hidden_states(["word " * 100], [1], max_length=10)
+    assert states.layers[1].shape[1] == 10
+
+
+def test_layer_out_of_range(embedded_backend):
+    with pytest.raises(PropelError, match=r"layers \[31\] out of range .* layers 0..30"):
+        embedded_backend.hidden_states(["x"], [31], max_length=8)

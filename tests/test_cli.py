@@ -1,0 +1,60 @@
+"""The propel console script, run as a user runs it."""
+
+import json
+
+import pytest
+
+
+def test_help_lists_verbs(propel_cli):
+    out = propel_cli("--help").stdout
+    for verb in ("plugins", "run", "demo", "generate"):
+        assert f"  {verb} " in out
+
+
+def test_plugins_json(propel_cli):
+    plugins = {p["name"]: p for p in json.loads(propel_cli("plugins", "--json").stdout)["plugins"]}
+    assert plugins["propel_plugins.rewards"]["registers"]["reward_rules"] == [
+        "adversarial", "hard", "probe_only", "soft", "wco",
+    ]  # fmt: skip
+    assert plugins["countdown"]["registers"]["domains"] == ["countdown"]
+    assert plugins["countdown"]["version"] == "0.1.0"
+    assert set(plugins["countdown"]) == {"name", "version", "registers"}
+
+
+def test_plugins_table(propel_cli):
+    out = propel_cli("plugins").stdout
+    assert "propel_plugins.rewards 0.1.0\n  reward rules: adversarial, hard, probe_only, soft, wco" in out
+
+
+def test_bad_config_fails_before_models_load(propel_cli, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"domain:\n  name: countdown\nrun_dir: {tmp_path / 'run'}\n")
+    result = propel_cli("generate", str(config), "reward.rule=wc0", "label.k=0", check=False)
+    assert result.returncode == 1
+    assert "label.k = 0: Input should be greater than 0" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = propel_cli("run", str(config), "reward.rule=wc0", check=False)
+    assert "unknown reward rule 'wc0'; installed: adversarial, hard, probe_only, soft, wco" in result.stderr
+    assert not (tmp_path / "run").exists()  # nothing written for a config that does not validate
+
+
+@pytest.mark.slow
+def test_generate_writes_records_and_resumes(propel_cli, tmp_path):
+    from propel_core.records import Task, read_jsonl
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"domain:\n  name: countdown\nrun_dir: {tmp_path / 'run'}\ngenerator:\n  sampling:\n    max_new_tokens: 12\n"
+    )
+    first = propel_cli("-q", "generate", str(config), "generate.num_tasks=3")
+    assert "generated 3 -> parsed" in first.stdout
+    tasks = read_jsonl(tmp_path / "run" / "tasks.jsonl", Task)
+    assert [t.id for t in tasks] == ["t000000", "t000001", "t000002"]
+    assert all(t.domain == "countdown" and t.generator == "SmolLM2-135M-Instruct" for t in tasks)
+    assert all(t.validity.valid or t.validity.reason for t in tasks)
+    assert (tmp_path / "run" / "config.yaml").exists()
+
+    propel_cli("-q", "generate", str(config), "generate.num_tasks=5")
+    resumed = read_jsonl(tmp_path / "run" / "tasks.jsonl", Task)
+    assert [t.id for t in resumed] == [f"t00000{i}" for i in range(5)]
+    assert resumed[:3] == tasks  # finished records untouched, none written twice

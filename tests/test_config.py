@@ -1,0 +1,95 @@
+"""Config: YAML + overrides, paper defaults, and errors that name key, value and valid choices."""
+
+import pytest
+
+from propel_core.config import ConfigError, load_config, validate_config
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("domain:\n  name: countdown\nlabel:\n  k: 4\nrun_dir: ${oc.env:HOME}/runs/x\n")
+    return path
+
+
+def test_paper_defaults(registry):
+    config = validate_config({"domain": {"name": "countdown"}}, registry)
+    assert (config.label.k, config.label.band_low, config.label.band_high) == (8, 1 / 8, 3 / 8)
+    assert (config.solver.sampling.temperature, config.solver.sampling.top_p, config.solver.sampling.top_k) == (
+        0.6,
+        0.95,
+        20,
+    )
+    assert (config.probe.lr, config.probe.weight_decay, config.probe.batch_size) == (1e-3, 1e-4, 64)
+    assert (config.probe.epochs, config.probe.patience) == (50, 7)
+    assert (config.train.lora_r, config.train.lora_alpha, config.train.lora_dropout) == (16, 32, 0.05)
+    assert len(config.train.lora_target_modules) == 7
+    assert (config.reward.rule, config.reward.r_bad) == ("hard", -0.2)
+    assert config.generator.model is None  # the embedded default
+
+
+def test_yaml_then_overrides(config_file, registry, monkeypatch):
+    monkeypatch.setenv("HOME", "/home/someone")
+    config = load_config(config_file, ["label.k=3", "reward.rule=soft", "solver.sampling.top_k=5"], registry)
+    assert config.label.k == 3
+    assert config.reward.rule == "soft"
+    assert config.solver.sampling.top_k == 5
+    assert str(config.run_dir) == "/home/someone/runs/x"
+
+
+def test_reference_defaults_to_generator(registry):
+    config = validate_config({"domain": {"name": "countdown"}, "generator": {"model": "Qwen/Qwen2.5-3B"}}, registry)
+    assert config.reference.model == "Qwen/Qwen2.5-3B"
+    cold = validate_config(
+        {"domain": {"name": "countdown"}, "generator": {"model": "a"}, "reference": {"model": "b"}}, registry
+    )
+    assert cold.reference.model == "b"
+
+
+def test_wrong_reward_name_lists_installed(config_file, registry):
+    with pytest.raises(ConfigError) as err:
+        load_config(config_file, ["reward.rule=wc0"], registry)
+    assert "reward.rule: unknown reward rule 'wc0'; installed: adversarial, hard, probe_only, soft, wco" in str(
+        err.value
+    )
+
+
+def test_unknown_key_lists_valid_keys(config_file, registry):
+    with pytest.raises(ConfigError) as err:
+        load_config(config_file, ["generator.sampling.tempreature=0.5"], registry)
+    message = str(err.value)
+    assert "generator.sampling.tempreature: unknown key" in message
+    assert "max_new_tokens, temperature, top_k, top_p" in message
+
+
+def test_unknown_top_level_section(config_file, registry):
+    with pytest.raises(ConfigError, match=r"rewards: unknown key; valid keys here: .*reward"):
+        load_config(config_file, ["rewards.rule=hard"], registry)
+
+
+def test_bad_value_names_key_and_value(config_file, registry):
+    with pytest.raises(ConfigError) as err:
+        load_config(config_file, ["label.k=-2", "train.loss_type=ppo"], registry)
+    message = str(err.value)
+    assert "label.k = -2: Input should be greater than 0" in message
+    assert "train.loss_type = 'ppo'" in message and "'grpo', 'dr_grpo', 'dapo' or 'bnpo'" in message
+
+
+def test_band_must_be_ordered(registry):
+    with pytest.raises(ConfigError, match=r"band_low .* must not exceed band_high"):
+        validate_config({"domain": {"name": "countdown"}, "label": {"band_low": 0.5, "band_high": 0.25}}, registry)
+
+
+def test_missing_domain(registry):
+    with pytest.raises(ConfigError, match="domain: required key is missing"):
+        validate_config({}, registry)
+
+
+def test_unknown_pooler_in_list(registry):
+    with pytest.raises(ConfigError, match=r"probe\.poolings: unknown pooler 'mean_last'"):
+        validate_config({"domain": {"name": "countdown"}, "probe": {"poolings": ["max", "mean_last"]}}, registry)
+
+
+def test_missing_file(registry):
+    with pytest.raises(ConfigError, match=r"config file not found: nope\.yaml"):
+        load_config("nope.yaml", [], registry)

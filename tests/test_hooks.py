@@ -1,0 +1,184 @@
+"""One test per hook in propel_core/hookspecs.py: a tiny plugin registers a component through the
+hook, and the core finds it by name and uses it. ``test_docs.py`` checks that each hook has one."""
+
+import math
+
+import pytest
+
+from propel_core import hookimpl
+from propel_core.config import RewardConfig, validate_config
+from propel_core.domain import Domain, ParseError, Verdict, make_task
+from propel_core.records import Context, Validity
+
+
+class Tiny(Domain):
+    validity_predicates = ("even_length",)
+
+    def contexts(self):
+        return [Context(id="c0", data={})]
+
+    def generator_prompt(self, context):
+        return [{"role": "user", "content": "Say something."}]
+
+    def parse(self, generation):
+        if not generation:
+            raise ParseError("empty")
+        return {"text": generation}
+
+    def render(self, payload):
+        return payload["text"]
+
+    def solver_prompt(self, payload):
+        return [{"role": "user", "content": payload["text"]}]
+
+    def grade(self, payload, attempt):
+        return Verdict(attempt == payload["text"])
+
+
+class TinyPlugin:
+    @staticmethod
+    @hookimpl
+    def register_domains(register):
+        register("tiny", Tiny)
+
+    @staticmethod
+    @hookimpl
+    def register_validity_predicates(register):
+        register("even_length", lambda task, domain: Validity(valid=len(task.payload["text"]) % 2 == 0, reason="odd"))
+
+
+def test_register_domains(register_plugin):
+    registry = register_plugin(TinyPlugin)
+    config = validate_config({"domain": {"name": "tiny"}}, registry)
+    domain = registry.get("domains", config.domain.name)()
+    assert domain.grade({"text": "ab"}, "ab").solved is True
+
+
+def test_register_validity_predicates(register_plugin):
+    registry = register_plugin(TinyPlugin)
+    domain = registry.get("domains", "tiny")()
+    predicates = {"even_length": registry.get("validity_predicates", "even_length")}
+    context = domain.contexts()[0]
+    assert make_task("a", domain, context, "ab", "m", predicates).validity.valid
+    odd = make_task("b", domain, context, "abc", "m", predicates)
+    assert odd.validity == Validity(valid=False, reason="even_length: odd")
+    assert make_task("c", domain, context, "", "m", predicates).validity.reason == "parse: empty"
+
+
+def test_register_model_backends(register_plugin):
+    class EchoBackend:
+        model_id = "echo"
+
+        def __init__(self, model):
+            self.model = model
+
+        def generate(self, prompts, n=1, sampling=None, seed=None):
+            return [[str(p)] * n for p in prompts]
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_model_backends(register):
+            register("echo", EchoBackend)
+
+    from propel_core.backend import create_backend
+
+    registry = register_plugin(Plugin)
+    config = validate_config({"domain": {"name": "countdown"}, "solver": {"backend": "echo"}}, registry)
+    assert create_backend(config.solver, registry).generate(["hi"], n=2) == [["hi", "hi"]]
+
+
+def test_register_poolers(register_plugin):
+    import torch
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_poolers(register):
+            register("sum", lambda hidden, mask: (hidden * mask.unsqueeze(-1)).sum(1))
+
+    registry = register_plugin(Plugin)
+    validate_config({"domain": {"name": "countdown"}, "probe": {"poolings": ["sum"]}}, registry)
+    hidden, mask = torch.ones(1, 3, 2), torch.tensor([[1, 1, 0]])
+    assert registry.get("poolers", "sum")(hidden, mask).tolist() == [[2.0, 2.0]]
+
+
+def test_register_probe_architectures(register_plugin):
+    import torch
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_probe_architectures(register):
+            register("norm", lambda input_dim: torch.nn.Sequential(torch.nn.Linear(input_dim, 1), torch.nn.Flatten(0)))
+
+    registry = register_plugin(Plugin)
+    validate_config({"domain": {"name": "countdown"}, "probe": {"architectures": ["norm"]}}, registry)
+    assert registry.get("probe_architectures", "norm")(7)(torch.zeros(5, 7)).shape == (5,)
+
+
+def test_register_reward_rules(register_plugin):
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_reward_rules(register):
+            register("constant", lambda config: lambda task, scores: config.r_bad * 2)
+
+    registry = register_plugin(Plugin)
+    config = validate_config({"domain": {"name": "countdown"}, "reward": {"rule": "constant"}}, registry)
+    rule = registry.get("reward_rules", config.reward.rule)(config.reward)
+    assert math.isclose(rule(None, {}), -0.4)
+    assert registry.get("reward_rules", "hard")(RewardConfig())  # built-ins stay available
+
+
+def test_register_context_samplers(register_plugin):
+    class FirstOnly:
+        def __init__(self, contexts, seed, repeat=1):
+            self.contexts, self.repeat = contexts, repeat
+
+        def sample(self, n):
+            return [self.contexts[0]] * n
+
+        def update(self, contexts, rewards):
+            pass
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_context_samplers(register):
+            register("first_only", FirstOnly)
+
+    registry = register_plugin(Plugin)
+    config = validate_config(
+        {
+            "domain": {"name": "countdown"},
+            "generate": {"context_sampler": "first_only", "sampler_options": {"repeat": 2}},
+        },
+        registry,
+    )
+    contexts = [Context(id="a", data={}), Context(id="b", data={})]
+    sampler = registry.get("context_samplers", config.generate.context_sampler)(
+        contexts, seed=0, **config.generate.sampler_options
+    )
+    assert [c.id for c in sampler.sample(3)] == ["a", "a", "a"]
+
+
+def test_register_sandboxes(register_plugin):
+    class InProcess:
+        def __init__(self, **options):
+            self.options = options
+
+        def run(self, value):
+            return {"status": "ok", "output": value}
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_sandboxes(register):
+            register("in_process", InProcess)
+
+    registry = register_plugin(Plugin)
+    sandbox = registry.get("sandboxes", "in_process")(memory_mb=64)
+    assert sandbox.run(3) == {"status": "ok", "output": 3}
+    with pytest.raises(Exception, match="unknown sandbox 'docker'; installed: in_process"):
+        registry.get("sandboxes", "docker")

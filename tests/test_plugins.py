@@ -1,0 +1,84 @@
+"""The plugin manager and registry: built-ins, entry points, duplicates, unknown names, filtering."""
+
+import pytest
+
+from propel_core import hookimpl
+from propel_core.plugins import (
+    DEFAULT_PLUGINS,
+    KINDS,
+    DuplicateComponent,
+    Registry,
+    UnknownComponent,
+    get_plugin_manager,
+)
+
+
+def test_builtins_are_ordinary_plugins(plugin_manager):
+    names = {name for name, _ in plugin_manager.list_name_plugin()}
+    assert set(DEFAULT_PLUGINS) <= names
+
+
+def test_builtins_register_by_kind(registry):
+    assert registry.names("model_backends") == ["transformers"]
+    assert registry.names("reward_rules") == ["adversarial", "hard", "probe_only", "soft", "wco"]
+    assert "mean_last_50" in registry.names("poolers")
+    assert registry.names("probe_architectures") == ["deep_mlp", "linear", "mlp"]
+    assert registry.names("context_samplers") == ["uniform"]
+
+
+def test_every_kind_has_a_hook():
+    from propel_core import hookspecs
+
+    assert {hook for hook, _ in KINDS.values()} == {n for n in dir(hookspecs) if n.startswith("register_")}
+
+
+def test_registry_remembers_the_plugin(registry):
+    assert registry.components["reward_rules"]["hard"].plugin == "propel_plugins.rewards"
+
+
+class ClashingRewards:
+    @staticmethod
+    @hookimpl
+    def register_reward_rules(register):
+        register("hard", lambda config: None)
+
+
+def test_duplicate_name_names_both_plugins(register_plugin):
+    with pytest.raises(DuplicateComponent) as err:
+        register_plugin(ClashingRewards, name="clashing-plugin")
+    assert "'propel_plugins.rewards'" in str(err.value)
+    assert "'clashing-plugin'" in str(err.value)
+    assert "reward rule 'hard'" in str(err.value)
+
+
+def test_unknown_name_lists_installed(registry):
+    with pytest.raises(UnknownComponent) as err:
+        registry.get("reward_rules", "wc0")
+    message = str(err.value)
+    assert message.startswith("unknown reward rule 'wc0'; installed: adversarial, hard, probe_only, soft, wco")
+    assert "did you mean 'wco'" in message
+
+
+def test_describe_groups_by_plugin(registry):
+    described = {entry["name"]: entry for entry in registry.describe()}
+    rewards = described["propel_plugins.rewards"]
+    assert rewards["registers"] == {"reward_rules": ["adversarial", "hard", "probe_only", "soft", "wco"]}
+    assert rewards["version"] == described["propel_plugins.backends"]["version"] is not None
+
+
+def test_load_plugins_env_restricts_entry_points(monkeypatch):
+    monkeypatch.setenv("PROPEL_LOAD_PLUGINS", "")
+    assert "countdown" not in Registry.build(get_plugin_manager()).names("domains")
+    monkeypatch.setenv("PROPEL_LOAD_PLUGINS", "countdown")
+    assert Registry.build(get_plugin_manager()).names("domains") == ["countdown"]
+
+
+def test_fresh_managers_share_nothing(register_plugin, plugin_manager):
+    class Extra:
+        @staticmethod
+        @hookimpl
+        def register_context_samplers(register):
+            register("always_first", lambda contexts, seed: None)
+
+    assert "always_first" in register_plugin(Extra).names("context_samplers")
+    assert "always_first" not in Registry.build(get_plugin_manager()).names("context_samplers")

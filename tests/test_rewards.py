@@ -1,0 +1,67 @@
+"""Reward rules on hand-made inputs."""
+
+import math
+
+import pytest
+from propel_plugins.rewards import RewardError
+
+from propel_core.config import RewardConfig
+from propel_core.records import Task, Validity
+
+
+def task(valid: bool) -> Task:
+    return Task(
+        id="t", domain="d", context_id="c", generation="g", generator="m",
+        validity=Validity(valid=valid, reason=None if valid else "bad"),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def rule(registry):
+    return lambda name, **options: registry.get("reward_rules", name)(RewardConfig(**options))
+
+
+def test_hard(rule):
+    assert rule("hard")(task(False), {"logit": 3.0}) == -0.2
+    assert rule("hard")(task(True), {"logit": -1.5}) == -1.5
+    assert rule("hard", r_bad=-1.0)(task(False), {}) == -1.0
+
+
+def test_soft_clips(rule):
+    soft = rule("soft")
+    assert soft(task(True), {"probability": 0.01}) == 0.1
+    assert soft(task(True), {"probability": 0.99}) == 0.95
+    assert soft(task(True), {"probability": 0.5}) == 0.5
+    assert soft(task(False), {"probability": 0.5}) == -0.2
+
+
+def test_probe_only_has_no_gate(rule):
+    assert rule("probe_only")(task(False), {"probability": 0.7}) == 0.7
+
+
+def test_wco_takes_the_worst(rule):
+    assert rule("wco")(task(True), {"ensemble_logits": [0.5, -2.0, 1.0]}) == -2.0
+    assert rule("wco")(task(False), {"ensemble_logits": [0.5]}) == -0.2
+    with pytest.raises(RewardError, match="ensemble_logits"):
+        rule("wco")(task(True), {"ensemble_logits": []})
+
+
+def test_adversarial_is_min_of_main_and_auxiliary(rule):
+    assert rule("adversarial")(task(True), {"logit": 1.0, "auxiliary_logit": 0.25}) == 0.25
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize(("name", "key"), [("hard", "logit"), ("soft", "probability"), ("probe_only", "probability")])
+def test_non_finite_scores_are_errors(rule, name, key, bad):
+    with pytest.raises(RewardError, match="non-finite"):
+        rule(name)(task(True), {key: bad})
+
+
+def test_non_finite_in_ensemble(rule):
+    with pytest.raises(RewardError, match="non-finite"):
+        rule("wco")(task(True), {"ensemble_logits": [0.1, math.nan]})
+
+
+def test_missing_score_named(rule):
+    with pytest.raises(RewardError, match="needs the score 'logit'"):
+        rule("hard")(task(True), {"probability": 0.5})
