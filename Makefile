@@ -1,0 +1,21 @@
+# make demo: set up .venv and run the quick start's main job on the embedded default model.
+# make test: set up .venv and run ruff and the whole test suite (what CI runs).
+# Set-up reruns only when a pyproject or the set-up script changed.
+
+VENV := .venv
+STAMP := $(VENV)/.propel-setup
+
+$(STAMP): scripts/setup.sh pyproject.toml $(wildcard domains/*/pyproject.toml)
+	bash scripts/setup.sh
+	touch $@
+
+.PHONY: setup demo test
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/propel demo
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pytest

