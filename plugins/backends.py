@@ -46,6 +46,8 @@ class TransformersBackend:
         if self.tokenizer.chat_template is None:
             raise PropelError(f"model {self.model_id!r} has no chat template; set chat_template: false for this role")
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if messages[-1]["role"] == "assistant":  # a prefilled answer start: continue it, open no new turn
+            return self.tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def generate(

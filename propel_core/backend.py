@@ -12,8 +12,16 @@ if TYPE_CHECKING:
 
     from propel_core.plugins import Registry
 
-#: a prompt is either plain text or chat messages ([{"role": ..., "content": ...}, ...])
+#: a prompt is either plain text or chat messages ([{"role": ..., "content": ...}, ...]); chat messages
+#: ending with an assistant message are a prefill: the model continues that message
 Prompt = str | list[dict[str, str]]
+
+
+def prefill(prompt: Prompt) -> str:
+    """The start of the answer a prompt prefills ('' when it opens a fresh assistant turn)."""
+    if isinstance(prompt, list) and prompt and prompt[-1]["role"] == "assistant":
+        return prompt[-1]["content"]
+    return ""
 
 
 @dataclass

@@ -41,7 +41,11 @@ class Domain(ABC):
 
     @abstractmethod
     def generator_prompt(self, context: Context) -> Messages:
-        """Chat messages asking the generator for one task given ``context``."""
+        """Chat messages asking the generator for one task given ``context``.
+
+        A final assistant message prefills the start of the answer: the model continues it, and the
+        task's ``generation`` is that start followed by what the model wrote.
+        """
 
     @abstractmethod
     def parse(self, generation: str) -> dict[str, Any]:

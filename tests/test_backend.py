@@ -24,6 +24,11 @@ def test_chat_template_applied(embedded_backend):
     assert "<|im_start|>user\nHello<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
 
 
+def test_assistant_prefill_is_continued(embedded_backend):
+    messages = [{"role": "user", "content": "Pick numbers."}, {"role": "assistant", "content": "Numbers:"}]
+    assert embedded_backend.prompt_text(messages).endswith("<|im_start|>assistant\nNumbers:")
+
+
 def test_k_samples_per_prompt_reproducible(embedded_backend):
     sampling = Sampling(temperature=0.9, top_p=0.95, top_k=20, max_new_tokens=8)
     prompts = ["Name a color.", [{"role": "user", "content": "Name an animal."}], "Count to three."]

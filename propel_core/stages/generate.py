@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from propel_core.backend import prefill
 from propel_core.domain import make_task
 from propel_core.records import JsonlWriter, Task, iter_jsonl
 from propel_core.run import Run, log
@@ -42,8 +43,9 @@ def generate(run: Run) -> None:
                 prompts = [domain.generator_prompt(context) for _, context in chunk]
                 # seeded by position, so a resumed run samples what the first run would have
                 completions = backend.generate(prompts, n=1, seed=config.seed + chunk[0][0])
-                for (index, context), (text,) in zip(chunk, completions, strict=True):
-                    out.write(make_task(task_id(index), domain, context, text, backend.model_id, predicates))
+                for (index, context), prompt, (text,) in zip(chunk, prompts, completions, strict=True):
+                    generation = prefill(prompt) + text
+                    out.write(make_task(task_id(index), domain, context, generation, backend.model_id, predicates))
                 advance(len(chunk))
     print(funnel(list(iter_jsonl(path, Task))))
 

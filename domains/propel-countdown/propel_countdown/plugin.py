@@ -67,7 +67,8 @@ class Countdown(Domain):
                     f"Write one new puzzle with {count} numbers between 1 and {self.max_number}, in exactly "
                     "this format and nothing else:\nNumbers: <comma-separated numbers>\nTarget: <number>"
                 ),
-            }
+            },
+            {"role": "assistant", "content": "Numbers:"},
         ]
 
     def parse(self, generation: str) -> dict[str, Any]:
