@@ -35,9 +35,8 @@ def example_plugin(example_plugin_site, monkeypatch) -> Path:
 @pytest.fixture(scope="session")
 def embedded_backend():
     """The transformers backend on the embedded default model, loaded once per session."""
-    from propel_plugins.backends import TransformersBackend
-
     from propel_core.config import ModelConfig
+    from propel_plugins.backends import TransformersBackend
 
     return TransformersBackend(ModelConfig(batch_size=4))
 

@@ -80,3 +80,13 @@ def test_max_length_truncates(embedded_backend):
 def test_layer_out_of_range(embedded_backend):
     with pytest.raises(PropelError, match=r"layers \[31\] out of range .* layers 0..30"):
         embedded_backend.hidden_states(["x"], [31], max_length=8)
+
+
+def test_local_folder_loads_like_a_hub_id(embedded_backend):
+    from propel_core.config import ModelConfig
+    from propel_plugins.backends import TransformersBackend
+
+    local = TransformersBackend(ModelConfig(model=str(embedded_model_path())))
+    assert local.model_id == str(embedded_model_path())
+    greedy = Sampling(temperature=0.0, max_new_tokens=5)
+    assert local.generate(["Hi"], sampling=greedy) == embedded_backend.generate(["Hi"], sampling=greedy)

@@ -59,3 +59,16 @@ def test_generate_writes_records_and_resumes(propel_cli, tmp_path):
     resumed = read_jsonl(tmp_path / "run" / "tasks.jsonl", Task)
     assert [t.id for t in resumed] == [f"t00000{i}" for i in range(5)]
     assert resumed[:3] == tasks  # finished records untouched, none written twice
+
+
+def test_plugins_listing_imports_no_heavy_library():
+    """What keeps `propel --help` and `propel plugins` fast: no torch/transformers at import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from click.testing import CliRunner; from propel_core.cli import cli;"
+        "result = CliRunner().invoke(cli, ['plugins', '--json']); assert result.exit_code == 0, result.output;"
+        "heavy = sorted({'torch', 'transformers', 'trl', 'peft'} & set(sys.modules)); print(heavy)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"

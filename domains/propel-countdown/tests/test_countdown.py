@@ -8,10 +8,10 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from propel_countdown.arithmetic import ExpressionError, evaluate, solvable
 
 from propel_core.domain import ParseError, make_task
 from propel_core.plugins import Registry
+from propel_countdown.arithmetic import ExpressionError, evaluate, solvable
 
 
 def test_shows_up_in_propel_plugins(registry):
