@@ -3,9 +3,10 @@
 python benchmarks/cli_startup.py
 """
 
-import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 
 def best_of(args: list[str], runs: int = 5) -> float:
@@ -18,7 +19,7 @@ def best_of(args: list[str], runs: int = 5) -> float:
 
 
 def main() -> None:
-    propel = shutil.which("propel") or "propel"
+    propel = str(Path(sys.executable).with_name("propel"))  # the one installed beside this interpreter
     for args in (["--help"], ["plugins"], ["plugins", "--json"]):
         print(f"propel {' '.join(args):15s} {best_of([propel, *args]):.3f} s (best of 5)")
 

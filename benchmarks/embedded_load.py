@@ -6,6 +6,7 @@ Warm: the same cache again. Each load runs in a fresh interpreter, so imports ar
     python benchmarks/embedded_load.py
 """
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -20,7 +21,9 @@ LOAD = (
 
 def timed_load(cache: str) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", LOAD], check=True, capture_output=True, env={"PROPEL_CACHE": cache})
+    subprocess.run(
+        [sys.executable, "-c", LOAD], check=True, capture_output=True, env={**os.environ, "PROPEL_CACHE": cache}
+    )
     return time.perf_counter() - start
 
 
