@@ -7,7 +7,6 @@ before appending.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,12 +168,3 @@ def _cut_torn_tail(path: Path) -> None:
         return
     with path.open("r+b") as f:
         f.truncate(data.rfind(b"\n") + 1)
-
-
-def write_json(path: str | Path, data: Any) -> None:
-    """Write JSON atomically (temp file + rename), so a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)

@@ -16,8 +16,6 @@ from propel_core.plugins import Registry
 
 log = logging.getLogger("propel")
 
-ROLES = ("generator", "reference", "solver")
-
 
 @dataclass
 class Run:
