@@ -5,9 +5,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from propel_core.records import Context, Task, Validity
+
+if TYPE_CHECKING:
+    from propel_core.plugins import Registry
 
 Messages = list[dict[str, str]]
 
@@ -28,8 +31,10 @@ class Verdict:
 class Domain(ABC):
     """A task domain. Subclass it in a plugin and register the class with ``register_domains``."""
 
-    #: registered name, filled in by the core
+    #: registered name and the component registry, filled in by the core (``Registry.domain``);
+    #: a domain that runs code gets its sandbox from ``self.registry``
     name: str = ""
+    registry: Registry | None = None
     #: names of registered validity predicates applied after parsing, in order
     validity_predicates: Sequence[str] = ()
     #: workflow markers a generation can reach, for partial-credit rewards (seed 002)

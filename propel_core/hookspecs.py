@@ -45,7 +45,8 @@ def register_validity_predicates(register):
     ``register(name: str, predicate)`` where
     ``predicate(task: propel_core.records.Task, domain: Domain) -> propel_core.records.Validity``.
     The task arrives parsed (``task.payload`` is set); the predicate must never raise on bad input,
-    it returns ``Validity(valid=False, reason=...)`` with a reason a person can act on.
+    it returns ``Validity(valid=False, reason=...)`` with a reason a person can act on. A predicate
+    that computes facts later stages need (the AZR outputs of f) records them in ``task.payload``.
 
     A domain lists the predicate names it applies in ``Domain.validity_predicates``; the core runs
     them in that order after parsing and stops at the first rejection, whose reason is recorded on the
@@ -122,10 +123,14 @@ def register_context_samplers(register):
 def register_sandboxes(register):
     """Contribute sandboxes that run untrusted code (everything a model writes) and test suites.
 
-    ``register(name: str, factory)`` where ``factory(**options)`` returns a sandbox whose
-    ``run(...)`` executes a program in isolation under time, memory and output limits and returns a
-    result with a status (ok, error, timeout, oom, output_limit, crashed, no_result, sandbox_error).
-    A sandbox fails closed: a missing isolation layer is an error unless config explicitly allows it.
+    ``register(name: str, factory)`` where ``factory(**options)`` returns a sandbox with
+    ``run_python(files: dict[str, str], main: str, hash_seed: int = 0, time_limit=None)``: it writes
+    ``files`` into a fresh workdir, runs ``main`` with Python under time, memory, process and output
+    limits, and returns a result with a ``status`` (ok, error, timeout, oom, output_limit, crashed,
+    no_result, sandbox_error) and ``result``, the JSON the program wrote to ``result.json``, parsed as
+    data. A sandbox fails closed: a missing isolation layer is an error unless the options explicitly
+    allow running without it.
 
-    Domains that execute code name the sandbox they use in their options.
+    Domains that execute code name the sandbox they use in their options and get it from
+    ``domain.registry``.
     """

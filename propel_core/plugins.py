@@ -26,6 +26,7 @@ DEFAULT_PLUGINS = (
     "propel_plugins.poolers",
     "propel_plugins.probes",
     "propel_plugins.rewards",
+    "propel_plugins.sandbox",
     "propel_plugins.samplers",
 )
 
@@ -121,6 +122,12 @@ class Registry:
             return self.components[kind][name].obj
         except KeyError:
             raise UnknownComponent(unknown_message(KINDS[kind][1], name, self.names(kind))) from None
+
+    def domain(self, name: str, **options: Any) -> Any:
+        """Create the domain ``name`` with ``options``, bound to its name and to this registry."""
+        domain = self.get("domains", name)(**options)
+        domain.name, domain.registry = name, self
+        return domain
 
     def describe(self) -> list[dict[str, Any]]:
         """One entry per plugin: name, version and the component names it registers per kind."""

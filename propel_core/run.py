@@ -44,9 +44,7 @@ class Run:
 
     def domain(self) -> Domain:
         if self._domain is None:
-            name = self.config.domain.name
-            self._domain = self.registry.get("domains", name)(**self.config.domain.options)
-            self._domain.name = name
+            self._domain = self.registry.domain(self.config.domain.name, **self.config.domain.options)
         return self._domain
 
     def component(self, kind: str, name: str) -> Any:

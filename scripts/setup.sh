@@ -10,6 +10,14 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     echo "propel needs Python 3.11 or newer; set PYTHON=/path/to/python3.11" >&2
     exit 1
 fi
+# the local sandbox runs model-written code under bubblewrap (docs/sandbox.md)
+if ! command -v bwrap >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get install -y -q bubblewrap >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }
+    else
+        echo "note: bubblewrap is missing; install it (apt-get install bubblewrap) for the sandboxed domains" >&2
+    fi
+fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 

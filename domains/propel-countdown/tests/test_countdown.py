@@ -24,9 +24,7 @@ def test_shows_up_in_propel_plugins(registry):
 
 @pytest.fixture
 def domain(registry):
-    countdown = registry.get("domains", "countdown")()
-    countdown.name = "countdown"
-    return countdown
+    return registry.domain("countdown")
 
 
 @pytest.fixture
@@ -144,7 +142,7 @@ def test_grader_on_hand_checked_attempts(domain, attempt, solved, reason, flags)
 def shared():
     """One domain and its predicates for the fuzz tests (hypothesis reruns a test body many times)."""
     registry = Registry.build()
-    domain = registry.get("domains", "countdown")(num_contexts=1)
+    domain = registry.domain("countdown", num_contexts=1)
     return domain, {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
 
 

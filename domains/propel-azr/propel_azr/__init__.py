@@ -1,0 +1,1 @@
+"""AZR code induction as a propel domain."""

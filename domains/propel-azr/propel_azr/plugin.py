@@ -1,0 +1,279 @@
+"""AZR code induction (Absolute Zero format): the generator writes a function f, inputs and a hint;
+the solver sees five input/output pairs and the hint and must reproduce f on five hidden inputs.
+
+Everything a model writes runs only in the sandbox; what comes back is parsed JSON, compared as data.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from functools import cached_property
+from importlib.resources import files
+from typing import Any
+
+from propel_azr.topics import topic_of
+from propel_core import hookimpl
+from propel_core.domain import Domain, Messages, ParseError, Verdict
+from propel_core.records import Context, Task, Validity
+
+
+@hookimpl
+def register_domains(register):
+    register("azr", AZR)
+
+
+@hookimpl
+def register_validity_predicates(register):
+    register("azr_static", check_static)
+    register("azr_execution", check_execution)
+
+
+ALLOWED_IMPORTS = frozenset({"math", "string", "itertools", "collections", "functools", "re", "heapq", "bisect"})
+BANNED_NAMES = frozenset(
+    {"eval", "exec", "compile", "open", "__import__", "globals", "locals", "vars", "getattr", "setattr", "delattr",
+     "input", "breakpoint", "exit", "quit", "help", "memoryview", "__builtins__", "print"}
+)  # fmt: skip
+
+SECTION = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL) for name in ("code", "inputs", "message")}
+CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+# Runs inside the sandbox: executes the candidate, calls f on every input, keeps plain data only.
+DRIVER = """\
+import json
+import math
+
+
+def plain(value, depth=0):
+    kind = type(value)  # exact types: subclasses with their own __eq__ or __repr__ are refused
+    if depth > 32:
+        raise TypeError("output nested too deeply")
+    if value is None or kind is bool or kind is int or kind is str:
+        return value
+    if kind is float:
+        if not math.isfinite(value):
+            raise TypeError("non-finite float")
+        return value
+    if kind is list or kind is tuple:
+        return [plain(item, depth + 1) for item in value]
+    if kind is dict and all(type(key) is str for key in value):
+        return {key: plain(item, depth + 1) for key, item in value.items()}
+    raise TypeError("output of type " + kind.__name__ + " is not plain data")
+
+
+with open("inputs.json") as handle:
+    inputs = json.load(handle)
+with open("candidate.py") as handle:
+    source = handle.read()
+namespace = {"__name__": "candidate"}
+exec(compile(source, "candidate.py", "exec"), namespace)
+f = namespace["f"]
+outputs = []
+for args in inputs:
+    try:
+        outputs.append({"value": plain(f(*args))})
+    except Exception as exc:
+        outputs.append({"error": type(exc).__name__})
+with open("result.json", "w") as handle:
+    json.dump({"outputs": outputs}, handle)
+"""
+
+
+class AZR(Domain):
+    """Function induction over small pure Python functions."""
+
+    validity_predicates = ("azr_static", "azr_execution")
+
+    def __init__(
+        self,
+        min_inputs: int = 10,
+        shown: int = 5,
+        hidden: int = 5,
+        max_code_chars: int = 4000,
+        sandbox: str = "local",
+        sandbox_options: dict[str, Any] | None = None,
+    ):
+        if shown + hidden > min_inputs:
+            raise ValueError(f"shown ({shown}) + hidden ({hidden}) must not exceed min_inputs ({min_inputs})")
+        self.min_inputs, self.shown, self.hidden = min_inputs, shown, hidden
+        self.max_code_chars = max_code_chars
+        self.sandbox_name = sandbox
+        self.sandbox_options = {"time_limit": 5.0, "memory_mb": 256, **(sandbox_options or {})}
+
+    @cached_property
+    def sandbox(self):
+        return self.registry.get("sandboxes", self.sandbox_name)(**self.sandbox_options)
+
+    def contexts(self) -> list[Context]:
+        seeds = files("propel_azr").joinpath("seeds.jsonl").read_text().splitlines()
+        return [Context(id=f"azr-seed-{i:02d}", data=json.loads(line)) for i, line in enumerate(seeds)]
+
+    def generator_prompt(self, context: Context) -> Messages:
+        seed = context.data
+        example_inputs = "\n".join(json.dumps(args) for args in seed["inputs"])
+        return [
+            {
+                "role": "user",
+                "content": (
+                    "Write a puzzle for a programmer: a small, deterministic Python function named f, a list of "
+                    "inputs for it, and a one-sentence hint. Another programmer will see some inputs with f's "
+                    "outputs plus your hint and must write f again, so f should be learnable from examples but "
+                    "not trivial. Use only the standard library (math, string, itertools, collections, "
+                    "functools, re, heapq, bisect); no printing, files, randomness or time.\n\n"
+                    "Here is an example of the format (it shows 3 inputs):\n\n"
+                    f"<code>\n{seed['code']}\n</code>\n<inputs>\n{example_inputs}\n</inputs>\n"
+                    "<message>...</message>\n\n"
+                    f"Write a new, different function in the same format with at least {self.min_inputs} inputs, "
+                    "one per line, each a JSON list of f's arguments."
+                ),
+            },
+            {"role": "assistant", "content": "<code>\ndef f("},
+        ]
+
+    def parse(self, generation: str) -> dict[str, Any]:
+        sections = {}
+        for name, pattern in SECTION.items():
+            match = pattern.search(generation)
+            if match is None:
+                raise ParseError(f"no <{name}> section")
+            sections[name] = match.group(1).strip()
+        if len(sections["code"]) > self.max_code_chars:
+            raise ParseError(f"code longer than {self.max_code_chars} characters")
+        inputs = []
+        for line in sections["inputs"].splitlines():
+            if not line.strip():
+                continue
+            try:
+                args = json.loads(line)
+            except ValueError:
+                raise ParseError("an input line is not JSON") from None
+            if not isinstance(args, list):
+                raise ParseError("an input line is not a JSON list of arguments")
+            if args not in inputs:
+                inputs.append(args)
+        if len(inputs) < self.min_inputs:
+            raise ParseError(f"{len(inputs)} distinct inputs, need at least {self.min_inputs}")
+        if not sections["message"] or len(sections["message"]) > 500:
+            raise ParseError("the message must be 1-500 characters")
+        return {"code": sections["code"], "inputs": inputs[: self.shown + self.hidden], "message": sections["message"]}
+
+    def render(self, payload: dict[str, Any]) -> str:
+        inputs = "\n".join(json.dumps(args) for args in payload["inputs"])
+        code, message = payload["code"], payload["message"]
+        return f"<code>\n{code}\n</code>\n<inputs>\n{inputs}\n</inputs>\n<message>{message}</message>"
+
+    def solver_prompt(self, payload: dict[str, Any]) -> Messages:
+        examples = "\n".join(
+            f"f({', '.join(map(repr, args))}) == {output!r}"
+            for args, output in zip(payload["inputs"][: self.shown], payload["outputs"][: self.shown], strict=True)
+        )
+        return [
+            {
+                "role": "user",
+                "content": (
+                    f"A hidden Python function f behaves like this:\n{examples}\n\nHint: {payload['message']}\n\n"
+                    "Write f so that it behaves the same on other inputs. Answer with one Python code block "
+                    "defining f."
+                ),
+            }
+        ]
+
+    def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:
+        blocks = CODE_BLOCK.findall(attempt)
+        diagnostics = {"missing_code": not blocks, "multiple_code_blocks": len(blocks) > 1}
+        if not blocks:
+            return Verdict(False, "no code block", diagnostics)
+        hidden_inputs = payload["inputs"][self.shown : self.shown + self.hidden]
+        expected = payload["outputs"][self.shown : self.shown + self.hidden]
+        run = self.execute(blocks[-1], hidden_inputs)
+        diagnostics["sandbox_status"] = run.status
+        if run.status == "sandbox_error":
+            return Verdict(None, f"sandbox_error: {run.detail}", diagnostics)  # our failure, not the solver's
+        if not run.ok:
+            return Verdict(False, f"{run.status}: {run.detail}", diagnostics)
+        outputs, problem = _outputs(run.result, len(hidden_inputs))
+        if problem:
+            return Verdict(False, problem, diagnostics)
+        matched = sum(_same(got, want) for got, want in zip(outputs, expected, strict=True))
+        diagnostics["matched"] = matched
+        solved = matched == len(expected)
+        return Verdict(solved, None if solved else f"{matched}/{len(expected)} hidden outputs match", diagnostics)
+
+    def topic(self, payload: dict[str, Any]) -> str:
+        return topic_of(payload["code"])
+
+    def execute(self, code: str, inputs: list[list], hash_seed: int = 0):
+        """Run ``code``'s f on ``inputs`` in the sandbox."""
+        program = {"main.py": DRIVER, "candidate.py": code, "inputs.json": json.dumps(inputs)}
+        return self.sandbox.run_python(program, "main.py", hash_seed=hash_seed)
+
+
+def _outputs(result: Any, count: int) -> tuple[list[Any], str | None]:
+    """The plain outputs in a sandbox result, or why there are none."""
+    if not isinstance(result, dict) or not isinstance(result.get("outputs"), list) or len(result["outputs"]) != count:
+        return [], "malformed result"
+    outputs = []
+    for entry in result["outputs"]:
+        if not isinstance(entry, dict) or not ({"value"} == entry.keys() or {"error"} == entry.keys()):
+            return [], "malformed result"
+        if "error" in entry:
+            return [], f"f raised {str(entry['error'])[:80]} on an input"
+        outputs.append(entry["value"])
+    return outputs, None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality as data, strict about types (True is not 1, 1 is not 1.0)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def check_static(task: Task, domain: AZR) -> Validity:
+    """A quality filter (never the security boundary): one function f, allowed imports, no escapes."""
+    try:
+        tree = ast.parse(task.payload["code"])
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return Validity.reject("the code does not parse")
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+    if len(functions) != 1 or functions[0].name != "f" or isinstance(functions[0], ast.AsyncFunctionDef):
+        return Validity.reject("must define exactly one top-level function, f")
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef | ast.Import | ast.ImportFrom):
+            return Validity.reject(f"top-level {type(node).__name__} statement outside f")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            banned = [m for m in modules if m.split(".")[0] not in ALLOWED_IMPORTS]
+            if banned:
+                return Validity.reject(f"imports a module outside the allowed set: {banned[0]}")
+        elif isinstance(node, ast.Name) and (node.id in BANNED_NAMES or node.id.startswith("__")):
+            return Validity.reject(f"uses the banned name {node.id}")
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
+            return Validity.reject(f"uses the dunder attribute {node.attr}")
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            return Validity.reject("uses global state")
+    return Validity.ok()
+
+
+def check_execution(task: Task, domain: AZR) -> Validity:
+    """Runs f on every input in two separate sandboxed processes with different hash seeds.
+
+    Valid when both runs finish, every output is plain data, the runs agree, and the outputs are not
+    all equal. The outputs are recorded in ``task.payload["outputs"]`` for the solver and grader.
+    """
+    inputs = task.payload["inputs"]
+    runs = []
+    for hash_seed in (1, 2):
+        run = domain.execute(task.payload["code"], inputs, hash_seed=hash_seed)
+        if not run.ok:
+            return Validity.reject(f"{run.status}: {run.detail}")
+        outputs, problem = _outputs(run.result, len(inputs))
+        if problem:
+            return Validity.reject(problem)
+        runs.append(outputs)
+    if not all(_same(a, b) for a, b in zip(*runs, strict=True)):
+        return Validity.reject("nondeterministic: two runs with different hash seeds disagree")
+    if all(_same(output, runs[0][0]) for output in runs[0]):
+        return Validity.reject("trivial: every input gives the same output")
+    task.payload["outputs"] = runs[0]
+    return Validity.ok()

@@ -1,0 +1,176 @@
+"""The AZR domain: registration, seeds, parsing, static filter, grading and topics."""
+
+import functools
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from propel_azr.plugin import check_static
+from propel_azr.topics import topic_of
+
+from propel_core.domain import ParseError, make_task
+from propel_core.plugins import Registry
+from propel_core.records import Context, Task, Validity
+
+
+def test_shows_up_in_propel_plugins(registry):
+    described = {p["name"]: p for p in registry.describe()}
+    assert described["azr"]["registers"] == {"domains": ["azr"], "validity_predicates": ["azr_execution", "azr_static"]}
+
+
+@pytest.fixture(scope="module")
+def domain():
+    registry = Registry.build()
+    if registry.get("sandboxes", "local")().missing_layers():
+        pytest.skip("needs bubblewrap and root")
+    return registry.domain("azr")
+
+
+@pytest.fixture(scope="module")
+def predicates():
+    registry = Registry.build()
+    return {name: registry.get("validity_predicates", name) for name in ("azr_static", "azr_execution")}
+
+
+def generation(code: str, inputs: list, message: str = "a hint") -> str:
+    lines = "\n".join(json.dumps(args) for args in inputs)
+    return f"<code>\n{code}\n</code>\n<inputs>\n{lines}\n</inputs>\n<message>{message}</message>"
+
+
+def test_every_seed_passes_both_predicates(predicates):
+    seeds_domain = Registry.build().domain("azr", min_inputs=3, shown=1, hidden=2)
+    contexts = seeds_domain.contexts()
+    assert len(contexts) >= 60
+    for context in contexts:
+        text = generation(context.data["code"], context.data["inputs"])
+        task = make_task("s", seeds_domain, context, text, "m", predicates)
+        assert task.validity.valid, (context.id, task.validity.reason)
+        assert len(task.payload["outputs"]) == 3
+
+
+def test_parse_render_round_trip(domain):
+    text = "Sure.\n" + generation("def f(x):\n    return x * 2", [[i] for i in range(12)]) + "\nDone."
+    payload = domain.parse(text)
+    assert payload["code"] == "def f(x):\n    return x * 2"
+    assert payload["inputs"] == [[i] for i in range(10)]  # shown + hidden
+    assert domain.parse(domain.render(payload)) == payload
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("no tags at all", "no <code> section"),
+        (generation("def f(x): return x", [[1]] * 12), "1 distinct inputs, need at least 10"),
+        (generation("def f(x): return x", [[i] for i in range(10)]).replace("[9]", "[9, oops"), "not JSON"),
+        (generation("def f(x): return x", [[i] for i in range(9)] + [5]), "an input line is not a JSON list"),
+        (generation("def f(x): return x", [[i] for i in range(10)], ""), "the message must be 1-500 characters"),
+    ],
+)
+def test_parse_rejections(domain, text, reason):
+    with pytest.raises(ParseError, match=reason):
+        domain.parse(text)
+
+
+def static(code: str) -> Validity:
+    task = Task(id="t", domain="azr", context_id="c", generation="", generator="m", validity=Validity.ok(),
+                payload={"code": code, "inputs": [], "message": "m"})  # fmt: skip
+    return check_static(task, None)
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        ("def f(x):\n    return x", None),
+        ("import math\nfrom collections import Counter\ndef f(x):\n    return math.floor(x)", None),
+        ("def f(x): return x\ndef g(x): return x", "must define exactly one top-level function, f"),
+        ("def g(x): return x", "must define exactly one top-level function, f"),
+        ("x = 3\ndef f(y): return y", "top-level Assign statement outside f"),
+        ("import os\ndef f(x): return x", "imports a module outside the allowed set: os"),
+        ("from importlib import import_module\ndef f(x): return x", "imports a module outside the allowed set"),
+        ("def f(x):\n    return eval('x')", "uses the banned name eval"),
+        ("def f(x):\n    return x.__class__", "uses the dunder attribute __class__"),
+        ("def f(x):\n    return __builtins__", "uses the banned name __builtins__"),
+        ("def f(x)\n    return x", "the code does not parse"),
+    ],
+)
+def test_static_filter(code, reason):
+    validity = static(code)
+    assert validity.valid is (reason is None)
+    if reason:
+        assert validity.reason.startswith(reason)
+
+
+@pytest.fixture(scope="module")
+def task(domain, predicates):
+    inputs = [[[i, 2 * i, i % 3]] for i in range(10)]
+    text = generation("def f(xs):\n    return sorted(xs, reverse=True)[:2]", inputs, "the two largest, descending")
+    made = make_task("t", domain, Context(id="c", data={}), text, "m", predicates)
+    assert made.validity.valid
+    return made
+
+
+@pytest.mark.parametrize(
+    ("attempt", "solved", "reason"),
+    [
+        ("```python\ndef f(xs):\n    return sorted(xs)[::-1][:2]\n```", True, None),
+        ("```python\ndef f(xs):\n    return sorted(xs)[-2:]\n```", False, "hidden outputs match"),
+        ("```\ndef f(xs):\n    return [max(xs), sorted(xs)[-2]]\n```", True, None),
+        ("I think it sorts.", False, "no code block"),
+        ("```python\ndef f(xs) return\n```", False, "error: "),
+        ("```python\ndef f(xs):\n    return tuple(sorted(xs, reverse=True)[:2])\n```", True, None),
+        ("```python\ndef f(xs):\n    return [float(x) for x in sorted(xs, reverse=True)[:2]]\n```", False, "0/5"),
+    ],
+)
+def test_grader_on_hand_checked_attempts(domain, task, attempt, solved, reason):
+    verdict = domain.grade(task.payload, attempt)
+    assert verdict.solved is solved, verdict
+    if reason:
+        assert reason in verdict.reason
+
+
+def test_solver_prompt_shows_five_pairs_and_hint(domain, task):
+    text = domain.solver_prompt(task.payload)[0]["content"]
+    assert text.count("f([") == 5 and "the two largest, descending" in text
+    assert "f([0, 0, 0]) == [0, 0]" in text
+
+
+@pytest.mark.parametrize(
+    ("code", "topic"),
+    [
+        ("def f(n):\n    return 1 if n < 2 else n * f(n - 1)", "recursion"),
+        ("def f(xs):\n    return sorted(xs)", "sorting/order"),
+        ("def f(s):\n    return s.upper()", "string manipulation"),
+        ("def f(xs):\n    return {x: 1 for x in xs}", "counting/mapping"),
+        ("def f(xs):\n    return [x for x in xs if x > 0]", "list filtering"),
+        ("def f(s):\n    return s[::-1]", "slicing/reversal"),
+        ("def f(n):\n    return n % 7", "number theory"),
+        ("def f(a, b):\n    return a * b + 1", "arithmetic"),
+        ("def f(xs):\n    return [x for x in xs]", "iteration"),
+        ("not python", "other"),
+    ],
+)
+def test_topics(code, topic):
+    assert topic_of(code) == topic
+
+
+@functools.cache
+def shared():
+    registry = Registry.build()
+    return registry.domain("azr"), {"azr_static": registry.get("validity_predicates", "azr_static")}
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.text(max_size=300)
+    | st.builds(
+        lambda code, inputs, message: generation(code, inputs, message),
+        st.text(max_size=120),
+        st.lists(st.lists(st.integers() | st.text(max_size=5), max_size=3), max_size=14),
+        st.text(max_size=40),
+    )
+)
+def test_parse_and_static_filter_never_raise(text):
+    domain, predicates = shared()
+    made = make_task("t", domain, Context(id="c", data={}), text, "m", predicates)
+    assert made.validity.valid or made.validity.reason
