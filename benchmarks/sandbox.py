@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 from propel_azr.plugin import DRIVER
-
 from propel_core.plugins import Registry
 
 CODE = "def f(xs):\n    return sorted(xs)[::-1]\n"

@@ -51,11 +51,10 @@ class TransformersBackend:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def generate(
-        self, prompts: list[Prompt], n: int = 1, sampling: Sampling | None = None, seed: int | None = None
+        self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | None = None
     ) -> list[list[str]]:
         import torch
 
-        sampling = sampling or self.config.sampling
         do_sample = sampling.temperature > 0
         knobs = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k) if do_sample else {}
         if seed is not None:

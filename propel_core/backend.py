@@ -5,12 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from propel_core.config import ModelConfig, Sampling
+from propel_core.config import Sampling
 
 if TYPE_CHECKING:
     import torch
-
-    from propel_core.plugins import Registry
 
 #: a prompt is either plain text or chat messages ([{"role": ..., "content": ...}, ...]); chat messages
 #: ending with an assistant message are a prefill: the model continues that message
@@ -40,13 +38,12 @@ class ModelBackend(Protocol):
     model_id: str
 
     def generate(
-        self, prompts: list[Prompt], n: int = 1, sampling: Sampling | None = None, seed: int | None = None
+        self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | None = None
     ) -> list[list[str]]:
-        """``n`` sampled completions for each prompt (one batched call, not ``n`` calls)."""
+        """``n`` completions for each prompt with ``sampling`` (one batched call, not ``n`` calls).
+
+        Sampling is always the caller's: one backend instance serves every role that names its model.
+        """
 
     def hidden_states(self, texts: list[str], layers: list[int], max_length: int) -> HiddenStates:
         """One forward pass over ``texts``; blocks above ``max(layers)`` are not run."""
-
-
-def create_backend(model: ModelConfig, registry: Registry) -> ModelBackend:
-    return registry.get("model_backends", model.backend)(model)

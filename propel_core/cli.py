@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from importlib.resources import files
 from pathlib import Path
 
@@ -32,6 +33,9 @@ def cli(ctx: click.Context, quiet: bool) -> None:
     """propel: train task generators at the learnable frontier with probe rewards."""
     ctx.obj = {"quiet": quiet}
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s")
+    if quiet:  # read by huggingface_hub and transformers when they are first imported
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        os.environ["TRANSFORMERS_VERBOSITY"] = "error"
 
 
 @cli.command()

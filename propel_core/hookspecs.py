@@ -59,12 +59,13 @@ def register_model_backends(register):
     """Contribute model backends (``transformers``, ``vllm``, ``openai``, ...).
 
     ``register(name: str, factory)`` where ``factory(model: propel_core.config.ModelConfig)`` returns an
-    object implementing :class:`propel_core.backend.ModelBackend`: ``generate`` (K sampled completions
-    per prompt with the configured sampling knobs), ``hidden_states`` (pooled-ready hidden states at
-    chosen layers), and ``model_id``.
+    object implementing :class:`propel_core.backend.ModelBackend`: ``generate(prompts, sampling, n=1,
+    seed=None)`` (n completions per prompt in one batched call, with the caller's sampling knobs),
+    ``hidden_states`` (hidden states at chosen layers), and ``model_id``.
 
-    Each model role in config (``generator``, ``reference``, ``solver``) names its backend; the core
-    creates one backend per role when a stage first needs it and reuses it for the rest of the stage.
+    Each model role in config (``generator``, ``reference``, ``solver``) names its backend. The core
+    creates one instance per model on first use (``Registry.backend``) and shares it between every
+    role and component that names the same model.
     """
 
 

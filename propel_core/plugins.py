@@ -88,6 +88,7 @@ class Registry:
 
     pm: pluggy.PluginManager
     components: dict[str, dict[str, Component]] = field(default_factory=dict)
+    _backends: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, pm: pluggy.PluginManager | None = None) -> Registry:
@@ -122,6 +123,14 @@ class Registry:
             return self.components[kind][name].obj
         except KeyError:
             raise UnknownComponent(unknown_message(KINDS[kind][1], name, self.names(kind))) from None
+
+    def backend(self, model: Any) -> Any:
+        """The backend for a ``ModelConfig``, created on first use and shared by every caller that names
+        the same model the same way (sampling differs per call, so it is not part of the key)."""
+        key = model.model_dump_json(exclude={"sampling"})
+        if key not in self._backends:
+            self._backends[key] = self.get("model_backends", model.backend)(model)
+        return self._backends[key]
 
     def domain(self, name: str, **options: Any) -> Any:
         """Create the domain ``name`` with ``options``, bound to its name and to this registry."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from propel_core.backend import ModelBackend, create_backend
+from propel_core.backend import ModelBackend
 from propel_core.config import PropelConfig, dump_config
 from propel_core.domain import Domain
 from propel_core.plugins import Registry
@@ -22,7 +22,6 @@ class Run:
     config: PropelConfig
     registry: Registry
     quiet: bool = False
-    _backends: dict[str, ModelBackend] = field(default_factory=dict, repr=False)
     _domain: Domain | None = field(default=None, repr=False)
 
     @property
@@ -36,11 +35,8 @@ class Run:
     def backend(self, role: str) -> ModelBackend:
         """The backend of one model role, loaded on first use; roles naming the same model share it."""
         model = getattr(self.config, role)
-        key = model.model_dump_json(exclude={"sampling"})
-        if key not in self._backends:
-            log.info("loading %s model: %s", role, model.model or "embedded default")
-            self._backends[key] = create_backend(model, self.registry)
-        return self._backends[key]
+        log.info("%s model: %s", role, model.model or "embedded default")
+        return self.registry.backend(model)
 
     def domain(self) -> Domain:
         if self._domain is None:

@@ -39,14 +39,3 @@ def embedded_backend():
     from propel_plugins.backends import TransformersBackend
 
     return TransformersBackend(ModelConfig(batch_size=4))
-
-
-@pytest.fixture
-def propel_cli():
-    """Run the installed ``propel`` console script: ``propel_cli("plugins", "--json")``."""
-    exe = Path(sys.executable).with_name("propel")
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([str(exe), *args], capture_output=True, text=True, check=check)
-
-    return run

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from propel_core import hookimpl
-from propel_core.config import RewardConfig, validate_config
+from propel_core.config import RewardConfig, Sampling, validate_config
 from propel_core.domain import Domain, ParseError, Verdict, make_task
 from propel_core.records import Context, Validity
 
@@ -72,7 +72,7 @@ def test_register_model_backends(register_plugin):
         def __init__(self, model):
             self.model = model
 
-        def generate(self, prompts, n=1, sampling=None, seed=None):
+        def generate(self, prompts, sampling, n=1, seed=None):
             return [[str(p)] * n for p in prompts]
 
     class Plugin:
@@ -81,11 +81,13 @@ def test_register_model_backends(register_plugin):
         def register_model_backends(register):
             register("echo", EchoBackend)
 
-    from propel_core.backend import create_backend
-
     registry = register_plugin(Plugin)
     config = validate_config({"domain": {"name": "countdown"}, "solver": {"backend": "echo"}}, registry)
-    assert create_backend(config.solver, registry).generate(["hi"], n=2) == [["hi", "hi"]]
+    backend = registry.backend(config.solver)
+    assert backend.generate(["hi"], config.solver.sampling, n=2) == [["hi", "hi"]]
+    # one instance per model, whatever the sampling; another model gets its own
+    assert registry.backend(config.solver.model_copy(update={"sampling": Sampling(temperature=0)})) is backend
+    assert registry.backend(config.solver.model_copy(update={"model": "other"})) is not backend
 
 
 def test_register_poolers(register_plugin):

@@ -42,7 +42,7 @@ def generate(run: Run) -> None:
                 chunk = todo[start : start + batch_size]
                 prompts = [domain.generator_prompt(context) for _, context in chunk]
                 # seeded by position, so a resumed run samples what the first run would have
-                completions = backend.generate(prompts, n=1, seed=config.seed + chunk[0][0])
+                completions = backend.generate(prompts, config.generator.sampling, seed=config.seed + chunk[0][0])
                 for (index, context), prompt, (text,) in zip(chunk, prompts, completions, strict=True):
                     generation = prefill(prompt) + text
                     out.write(make_task(task_id(index), domain, context, generation, backend.model_id, predicates))

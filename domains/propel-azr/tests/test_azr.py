@@ -6,9 +6,9 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from propel_azr.plugin import check_static
 from propel_azr.topics import topic_of
-
 from propel_core.domain import ParseError, make_task
 from propel_core.plugins import Registry
 from propel_core.records import Context, Task, Validity
@@ -174,3 +174,20 @@ def test_parse_and_static_filter_never_raise(text):
     domain, predicates = shared()
     made = make_task("t", domain, Context(id="c", data={}), text, "m", predicates)
     assert made.validity.valid or made.validity.reason
+
+
+@pytest.mark.slow
+def test_generate_on_the_embedded_model(propel_cli, tmp_path, domain):
+    config = tmp_path / "azr.yaml"
+    config.write_text(f"run_dir: {tmp_path}\ndomain:\n  name: azr\ngenerate:\n  num_tasks: 3\n"
+                      "generator:\n  sampling: {max_new_tokens: 96}\n")  # fmt: skip
+    out = propel_cli("-q", "generate", str(config)).stdout
+    assert out.startswith("generated 3 -> parsed")
+    from propel_core.records import read_jsonl
+
+    tasks = read_jsonl(tmp_path / "tasks.jsonl", Task)
+    assert len(tasks) == 3 and all(t.generation.startswith("<code>\ndef f(") for t in tasks)
+    for task in tasks:
+        assert task.validity.valid or task.validity.reason
+        if task.validity.valid:
+            assert len(task.payload["outputs"]) == 10 and task.topic

@@ -1,0 +1,1 @@
+"""Math problem generation as a propel domain."""

@@ -1,0 +1,265 @@
+"""The math domain: pools, parsing, specification rules, answer extraction, grading, oracle policy."""
+
+import functools
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from propel_core import hookimpl
+from propel_core.domain import ParseError, make_task
+from propel_core.plugins import Registry
+from propel_core.records import Context, Task, Validity
+from propel_math.plugin import check_oracle, check_spec, extract_answer
+from propel_math.pools import BUILTIN_POOLS, builtin_pool, load_pool
+from propel_math.verify import Verifier
+
+
+def test_shows_up_in_propel_plugins(registry):
+    described = {p["name"]: p for p in registry.describe()}
+    assert described["math"]["registers"] == {"domains": ["math"], "validity_predicates": ["math_oracle", "math_spec"]}
+
+
+@pytest.fixture(scope="module")
+def domain():
+    return Registry.build().domain("math")
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_POOLS))
+def test_builtin_pools(name):
+    pool = builtin_pool(name)
+    assert len(pool) >= 40 and len({p["problem"] for p in pool}) == len(pool)
+    assert all(p["answer"] and p["problem"].strip() for p in pool)
+    assert builtin_pool(name) == pool  # reproducible
+
+
+def test_known_answers():
+    answers = {p["problem"]: p["answer"] for name in BUILTIN_POOLS for p in builtin_pool(name)}
+    checks = {"How many positive divisors does 420 have?": "24", "How many zeros does $125!$ end with?": "31"}
+    for problem, answer in checks.items():
+        if problem in answers:
+            assert answers[problem] == answer
+    assert any(problem in answers for problem in checks)
+
+
+def test_user_pool_jsonl(tmp_path):
+    path = tmp_path / "gsm.jsonl"
+    path.write_text(json.dumps({"question": "What is 2+2?", "final": 4}) + "\n")
+    assert load_pool(path, "question", "final") == [{"problem": "What is 2+2?", "answer": "4"}]
+    with pytest.raises(ValueError, match="lack 'problem' or 'answer'"):
+        load_pool(path)
+    spec = {"path": str(path), "problem_key": "question", "answer_key": "final"}
+    domain = Registry.build().domain("math", pools=[], user_pools={"gsm": spec}, contexts_per_pool=1)
+    assert list(domain.pools) == ["gsm"] and domain.pools["gsm"][0]["answer"] == "4"
+
+
+def test_user_pool_parquet(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet", reason="parquet pools need the optional pyarrow")
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"problem": ["Find x if 2x = 6."], "answer": ["3"]}), tmp_path / "p.parquet")
+    assert load_pool(tmp_path / "p.parquet") == [{"problem": "Find x if 2x = 6.", "answer": "3"}]
+
+
+def test_unknown_builtin_pool():
+    with pytest.raises(ValueError, match=r"unknown built-in pool.*built in: grade_school, competition, olympiad"):
+        Registry.build().domain("math", pools=["aime"])
+
+
+def test_contexts_and_prompt(domain):
+    contexts = domain.contexts()
+    assert len(contexts) == 96 and {c.bucket for c in contexts} == set(BUILTIN_POOLS)
+    messages = domain.generator_prompt(contexts[0])
+    assert messages[-1] == {"role": "assistant", "content": "Problem:"}
+    assert messages[0]["content"].count("Problem: ") == 2
+
+
+@pytest.mark.parametrize(
+    ("generation", "problem"),
+    [
+        ("Problem: What is 3 + 4?", "What is 3 + 4?"),
+        ("Problem: Find the sum of 2 and 5.\nSolution: 7", "Find the sum of 2 and 5."),
+        ("Problem:  How many cats?\n\nAnswer: 4\nProblem: another", "How many cats?"),
+        ("What is 6 times 7?", "What is 6 times 7?"),
+    ],
+)
+def test_parse(domain, generation, problem):
+    assert domain.parse(generation) == {"problem": problem}
+
+
+def test_parse_rejects_empty(domain):
+    with pytest.raises(ParseError, match="no problem statement"):
+        domain.parse("Problem:\nSolution: 5")
+
+
+def spec(domain, problem: str) -> Validity:
+    task = Task(id="t", domain="math", context_id="c", generation="", generator="m", validity=Validity.ok(),
+                payload={"problem": problem})  # fmt: skip
+    return check_spec(task, domain)
+
+
+@pytest.mark.parametrize(
+    ("problem", "reason"),
+    [
+        ("How many positive divisors does 360 have?", None),
+        ("Find the remainder when $7^{100}$ is divided by 13.", None),
+        ("Short?", "length 6 outside 20..1500 characters"),
+        ("What is 2 + 3? The answer is 5.", "the statement leaks an answer or solution"),
+        ("Compute $\\boxed{4}$ squared, please, as a number.", "the statement leaks an answer or solution"),
+        ("Prove that there are infinitely many primes.", "asks for a proof, not a single final answer"),
+        ("A box holds balls. (a) How many are red? (b) How many are blue", "has several parts"),
+        ("What is 2 + 3? What is 4 + 5?", "asks more than one question"),
+        ("The farmer has seven cows and two dogs in a barn.", "asks no question"),
+    ],
+)
+def test_spec_rules(domain, problem, reason):
+    validity = spec(domain, problem)
+    assert validity.valid is (reason is None), validity
+    if reason:
+        assert validity.reason.startswith(reason)
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("so the total is \\boxed{42}.", "42"),
+        ("first \\boxed{1} then \\boxed{\\frac{3}{4}}", "\\frac{3}{4}"),
+        ("\\boxed{\\sqrt{x^{2}}}", "\\sqrt{x^{2}}"),
+        ("Answer: 17 apples.", "17 apples"),
+        ("the answer is $3\\pi$", "3\\pi"),
+        ("I get 12, then 15.", "15"),
+        ("\\boxed{12", "12"),
+        ("no idea", None),
+    ],
+)
+def test_extract_answer(text, answer):
+    assert extract_answer(text) == answer
+
+
+@pytest.mark.parametrize(
+    ("attempt", "solved"),
+    [
+        ("Half of it: \\boxed{\\frac{1}{2}}", True),
+        ("So the answer is \\boxed{0.5}.", True),
+        ("Answer: 1/2", True),
+        ("\\boxed{\\frac{2}{4}}", True),
+        ("\\boxed{0.25}", False),
+        ("The answer is one half.", False),
+        ("", False),
+    ],
+)
+def test_grader_on_hand_checked_attempts(domain, attempt, solved):
+    verdict = domain.grade({"problem": "p", "answer": "\\frac{1}{2}"}, attempt)
+    assert verdict.solved is solved, verdict
+
+
+def test_grader_without_reference_is_ungradable(domain):
+    assert domain.grade({"problem": "p"}, "\\boxed{1}").solved is None
+
+
+def test_verifier_timeout_then_recovers():
+    verifier = Verifier(timeout=1e-6)
+    assert verifier.equal("2", "2") is True  # the first request gets the start-up allowance
+    assert verifier.equal("2", "2") is None  # no reply within a microsecond: killed
+    assert verifier.equal("3", "3") is True  # restarted
+    verifier.close()
+
+
+def scripted_oracles(replies):
+    """A backend plugin whose instances (one per oracle) answer from one shared script, in call order."""
+    script = iter(replies)
+
+    class Scripted:
+        model_id = "scripted"
+
+        def __init__(self, model):
+            self.model = model
+
+        def generate(self, prompts, sampling, n=1, seed=None):
+            return [[next(script) for _ in range(n)] for _ in prompts]
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_model_backends(register):
+            register("scripted", Scripted)
+
+    return Plugin
+
+
+@pytest.mark.parametrize(
+    ("replies", "valid", "reason"),
+    [
+        (["\\boxed{6}", "so 6", "Answer: 6.0", "\\boxed{\\frac{12}{2}}"], True, None),
+        (["\\boxed{6}", "\\boxed{6}", "\\boxed{7}", "\\boxed{6}"], False, "unscorable: oracles disagree"),
+        (["\\boxed{6}", "no idea", "\\boxed{6}", "\\boxed{6}"], False, "unscorable: an oracle attempt gave no final"),
+    ],
+)
+def test_oracle_policy(register_plugin, replies, valid, reason):
+    registry = register_plugin(scripted_oracles(replies))
+    domain = registry.domain("math", oracles=["a", "b"], oracle_backend="scripted")
+    task = Task(id="t", domain="math", context_id="c", generation="", generator="m", validity=Validity.ok(),
+                payload={"problem": "What is 2 * 3?"})  # fmt: skip
+    validity = check_oracle(task, domain)
+    assert validity.valid is valid
+    assert len(task.payload["oracle_answers"]) == 4
+    if valid:
+        assert task.payload["answer"] == "6"
+    else:
+        assert validity.reason.startswith(reason) and "answer" not in task.payload
+
+
+@pytest.mark.slow
+def test_oracle_policy_with_the_embedded_model():
+    """Greedy oracles agree with themselves, so the real model's answer becomes the reference."""
+    domain = Registry.build().domain("math", oracle_sampling={"temperature": 0.0, "max_new_tokens": 48})
+    task = Task(id="t", domain="math", context_id="c", generation="", generator="m", validity=Validity.ok(),
+                payload={"problem": "What is 12 + 30?"})  # fmt: skip
+    validity = check_oracle(task, domain)
+    answers = task.payload["oracle_answers"]
+    assert len(answers) == 4 and len(set(answers)) == 1
+    assert validity.valid is (answers[0] is not None)
+
+
+@pytest.mark.slow
+def test_generate_on_the_embedded_model(propel_cli, tmp_path):
+    config = tmp_path / "math.yaml"
+    config.write_text(
+        f"run_dir: {tmp_path}\ndomain:\n  name: math\n  options:\n    oracle_sampling: {{max_new_tokens: 32}}\n"
+        "generate:\n  num_tasks: 3\ngenerator:\n  sampling: {max_new_tokens: 48}\n"
+    )
+    out = propel_cli("-q", "generate", str(config)).stdout
+    assert out.startswith("generated 3 -> parsed")
+    from propel_core.records import read_jsonl
+
+    tasks = read_jsonl(tmp_path / "tasks.jsonl", Task)
+    assert len(tasks) == 3 and all(t.generation.startswith("Problem:") for t in tasks)
+    for task in tasks:
+        assert task.validity.valid or task.validity.reason
+        if task.validity.valid:
+            assert task.payload["answer"] and task.topic
+
+
+@functools.cache
+def shared():
+    """The domain with only its specification rules: the oracles (real models) are tested above."""
+    registry = Registry.build()
+    domain = registry.domain("math", contexts_per_pool=1)
+    domain.validity_predicates = ("math_spec",)
+    return domain, {"math_spec": registry.get("validity_predicates", "math_spec")}
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(max_size=400) | st.builds(lambda s: "Problem: " + s, st.text(max_size=300)))
+def test_parse_and_spec_never_raise(text):
+    domain, predicates = shared()
+    task = make_task("t", domain, Context(id="c", data={}), text, "m", predicates)
+    assert task.validity.valid or task.validity.reason
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(max_size=300))
+def test_extract_answer_never_raises(text):
+    answer = extract_answer(text)
+    assert answer is None or isinstance(answer, str)
