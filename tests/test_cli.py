@@ -52,7 +52,7 @@ def test_generate_writes_records_and_resumes(propel_cli, tmp_path):
     assert [t.id for t in tasks] == ["t000000", "t000001", "t000002"]
     assert all(t.domain == "countdown" and t.generator == "SmolLM2-135M-Instruct" for t in tasks)
     assert all(t.validity.valid or t.validity.reason for t in tasks)
-    assert all(t.generation.startswith("Numbers:") for t in tasks)  # the domain's prefill is kept
+    assert all(t.generation.startswith("Target:") for t in tasks)  # the domain's prefill is kept
     assert (tmp_path / "run" / "config.yaml").exists()
 
     propel_cli("-q", "generate", str(config), "generate.num_tasks=5")

@@ -24,7 +24,7 @@ def register_validity_predicates(register):
 
 
 NUMBERS_LINE = re.compile(r"numbers\s*[:=]\s*\[?([^\n\]]*)", re.IGNORECASE)
-TARGET_LINE = re.compile(r"target\s*[:=]\s*(-?\d+)", re.IGNORECASE)
+TARGET_LINE = re.compile(r"target\s*[:=][ \t]*([^\n]*)", re.IGNORECASE)
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -65,30 +65,31 @@ class Countdown(Domain):
                     "+, -, * and /, using each number at most once.\n\n"
                     f"Two example puzzles:\n\n{examples}\n\n"
                     f"Write one new puzzle with {count} numbers between 1 and {self.max_number}, in exactly "
-                    "this format and nothing else:\nNumbers: <comma-separated numbers>\nTarget: <number>"
+                    "this format and nothing else:\nTarget: <number>\nNumbers: <comma-separated numbers>"
                 ),
             },
-            {"role": "assistant", "content": "Numbers:"},
+            {"role": "assistant", "content": "Target:"},
         ]
 
     def parse(self, generation: str) -> dict[str, Any]:
         numbers_match = NUMBERS_LINE.search(generation)
         if numbers_match is None:
             raise ParseError("no 'Numbers:' line")
-        target_match = TARGET_LINE.search(generation, numbers_match.end())
+        target_match = TARGET_LINE.search(generation)
         if target_match is None:
-            raise ParseError("no 'Target:' line after the numbers")
+            raise ParseError("no 'Target:' line")
         items = [item for item in re.split(r"[,\s]+", numbers_match.group(1).strip()) if item]
         if not items:
             raise ParseError("the 'Numbers:' line is empty")
         if not all(re.fullmatch(r"-?\d{1,9}", item) for item in items):
             raise ParseError("the numbers are not all integers")
-        if len(target_match.group(1)) > 10:
-            raise ParseError("the target is not a reasonable integer")
-        return {"numbers": [int(item) for item in items], "target": int(target_match.group(1))}
+        target = target_match.group(1).strip()
+        if not re.fullmatch(r"-?\d{1,9}", target):
+            raise ParseError("the target is not an integer")
+        return {"numbers": [int(item) for item in items], "target": int(target)}
 
     def render(self, payload: dict[str, Any]) -> str:
-        return f"Numbers: {', '.join(map(str, payload['numbers']))}\nTarget: {payload['target']}"
+        return f"Target: {payload['target']}\nNumbers: {', '.join(map(str, payload['numbers']))}"
 
     def solver_prompt(self, payload: dict[str, Any]) -> Messages:
         numbers = ", ".join(map(str, payload["numbers"]))

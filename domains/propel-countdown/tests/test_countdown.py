@@ -93,8 +93,13 @@ def test_parse_and_render(domain):
     payload = domain.parse("Sure!\nNumbers: 4, 7, 25, 50\nTarget: 129\nHope it's fun.")
     assert payload == {"numbers": [4, 7, 25, 50], "target": 129}
     assert domain.parse(domain.render(payload)) == payload
+    assert domain.parse("Target: 24\nNumbers: [3, 8, 8]") == {"numbers": [3, 8, 8], "target": 24}
+    with pytest.raises(ParseError, match="the target is not an integer"):
+        domain.parse("Target: <+175>\nNumbers: 28, 7, 98\nTarget: 7")
     with pytest.raises(ParseError, match="no 'Numbers:' line"):
         domain.parse("Target: 5")
+    with pytest.raises(ParseError, match="no 'Target:' line"):
+        domain.parse("Numbers: 5, 6")
     with pytest.raises(ParseError, match="not all integers"):
         domain.parse("Numbers: 3, five, 7\nTarget: 12")
 

@@ -137,7 +137,7 @@ class Math(Domain):
             return Verdict(False, "no final answer", diagnostics)
         equal = self.verifier.equal(payload["answer"], answer)
         if equal is None:
-            return Verdict(None, "the verifier timed out", diagnostics)
+            return Verdict(None, "the verifier did not answer (timeout or crash)", diagnostics)
         return Verdict(equal, None if equal else f"answer {answer[:60]!r} differs from the reference", diagnostics)
 
     def topic(self, payload: dict[str, Any]) -> str:
@@ -215,7 +215,7 @@ def check_oracle(task: Task, domain: Math) -> Validity:
     for other in answers[1:]:
         equal = domain.verifier.equal(first, other)
         if equal is None:
-            return Validity.reject("unscorable: the verifier timed out comparing oracle answers")
+            return Validity.reject("unscorable: the verifier did not answer comparing oracle answers")
         if not equal:
             shown = ", ".join(repr(a[:30]) for a in answers)
             return Validity.reject(f"unscorable: oracles disagree ({shown})")

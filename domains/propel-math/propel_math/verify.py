@@ -1,8 +1,8 @@
 """Symbolic answer comparison through a separate math-verify worker process.
 
 The worker runs with memory and CPU limits and, where bubblewrap is available, with no network and a
-read-only filesystem. A request that takes longer than ``timeout`` gets the worker killed and
-restarted, and the comparison reported as unknown (None) rather than as a wrong answer.
+read-only filesystem. A request that takes longer than ``timeout``, or a worker that dies, gets the
+worker killed and restarted, and the comparison reported as unknown (None), never as a wrong answer.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ class Verifier:
         self._process: subprocess.Popen | None = None
 
     def equal(self, gold: str, answer: str) -> bool | None:
-        """Whether ``answer`` equals ``gold`` symbolically; None when the worker timed out or died."""
+        """Whether ``answer`` equals ``gold`` symbolically; None when the worker timed out or died
+        (it is restarted on the next request)."""
         fresh = self._process is None
         process = self._process or self._start()
         try:
@@ -46,9 +47,10 @@ class Verifier:
         if shutil.which("prlimit"):
             command = [shutil.which("prlimit"), *limits, *command]
         if shutil.which("bwrap") and os.geteuid() == 0:
+            # the whole filesystem read-only (no tmpfs over /tmp: the interpreter may live there)
             command = [shutil.which("bwrap"), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                       "--tmpfs", "/tmp", "--unshare-net", "--unshare-pid", "--unshare-ipc",
-                       "--die-with-parent", "--", *command]  # fmt: skip
+                       "--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--",
+                       *command]  # fmt: skip
         self._process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
