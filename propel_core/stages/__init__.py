@@ -10,7 +10,9 @@ from collections.abc import Callable
 
 from propel_core.run import Run
 from propel_core.stages.generate import generate
+from propel_core.stages.label import label
 
 STAGES: dict[str, Callable[[Run], None]] = {
     "generate": generate,
+    "label": label,
 }

@@ -1,0 +1,63 @@
+"""label: the solver attempts every valid task K times; graded attempts give the utility -> labels.jsonl.
+
+This is the expensive stage, so it is append-only and resumable: each label is written as one whole
+flushed line once its task is done, and a rerun (after a crash, Ctrl-C or kill -9) skips every task
+that already has a label. A finished label is never rewritten and never written twice.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+
+from propel_core.errors import PropelError
+from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, iter_jsonl
+from propel_core.run import Run, log
+
+
+def label(run: Run) -> None:
+    """Run the solver K times on every valid task and grade each attempt -> labels.jsonl."""
+    config = run.config
+    tasks = [task for task in iter_jsonl(run.dir / "tasks.jsonl", Task) if task.validity.valid]
+    if not tasks:
+        raise PropelError(
+            f"no valid tasks in {run.dir / 'tasks.jsonl'}: run `propel generate` first and check its funnel"
+        )
+    path = run.dir / "labels.jsonl"
+    done = {existing.task_id for existing in iter_jsonl(path, Label)}
+    todo = [task for task in tasks if task.id not in done]
+    if done:
+        log.info("labels.jsonl already has %d labels; %d tasks to go", len(done), len(todo))
+    if todo:
+        domain = run.domain()
+        backend = run.backend("solver")
+        band = (config.label.band_low, config.label.band_high)
+        with JsonlWriter(path) as out, run.progress("label", total=len(tasks)) as advance:
+            advance(len(tasks) - len(todo))
+            for start in range(0, len(todo), config.solver.batch_size):
+                chunk = todo[start : start + config.solver.batch_size]
+                prompts = [domain.solver_prompt(task.payload) for task in chunk]
+                # all K attempts of every task in one call; seeded by the chunk's first task id
+                seed = config.seed + zlib.crc32(chunk[0].id.encode())
+                completions = backend.generate(prompts, config.solver.sampling, n=config.label.k, seed=seed)
+                for task, attempts in zip(chunk, completions, strict=True):
+                    graded = [_attempt(domain, task, text) for text in attempts]
+                    out.write(Label.from_attempts(task.id, graded, band, config.label.min_valid_attempts))
+                advance(len(chunk))
+    print(summary(list(iter_jsonl(path, Label)), config.label.k))
+
+
+def _attempt(domain, task: Task, text: str) -> SolverAttempt:
+    verdict = domain.grade(task.payload, text)
+    return SolverAttempt(text=text, solved=verdict.solved, reason=verdict.reason, diagnostics=verdict.diagnostics)
+
+
+def summary(labels: list[Label], k: int) -> str:
+    """In band / out of band / unknown, and how many tasks were solved 0..K times."""
+    utility = Counter(label.utility for label in labels)
+    solved = Counter(sum(bool(a.solved) for a in label.attempts) for label in labels)
+    histogram = "  ".join(f"{count}/{k}: {solved.get(count, 0)}" for count in range(k + 1))
+    return (
+        f"labeled {len(labels)}: in band {utility.get(1, 0)}, outside {utility.get(0, 0)}, "
+        f"unknown {utility.get(None, 0)}\nsolved  {histogram}"
+    )

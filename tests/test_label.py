@@ -1,0 +1,84 @@
+"""propel label on the embedded solver: K attempts per task, graded; resumable after kill -9."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from propel_core.domain import make_task
+from propel_core.plugins import Registry
+from propel_core.records import JsonlWriter, Label, Task, read_jsonl
+
+pytestmark = pytest.mark.slow
+
+PUZZLES = ["Target: 24\nNumbers: 3, 8, 8", "Target: 10\nNumbers: 2, 3, 5", "Target: 12\nNumbers: 4, 3, 1",
+           "Target: 7\nNumbers: 1, 2, 4", "Target: 30\nNumbers: 5, 6, 2", "Target: 15\nNumbers: 3, 5, 7"]  # fmt: skip
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    """A run folder whose tasks.jsonl holds six valid countdown tasks and one invalid one."""
+    registry = Registry.build()
+    domain = registry.domain("countdown")
+    predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    with JsonlWriter(tmp_path / "tasks.jsonl") as out:
+        for i, text in enumerate([*PUZZLES, "Target: 99\nNumbers: 1, 1, 1"]):
+            out.write(make_task(f"t{i}", domain, domain.contexts()[0], text, "hand", predicates))
+    (tmp_path / "run.yaml").write_text(
+        f"run_dir: {tmp_path}\ndomain: {{name: countdown}}\nlabel: {{k: 3}}\n"
+        "solver: {batch_size: 1, sampling: {max_new_tokens: 24}}\n"
+    )
+    return tmp_path
+
+
+def test_labels_every_valid_task(run_dir, propel_cli):
+    out = propel_cli("-q", "label", str(run_dir / "run.yaml")).stdout
+    labels = read_jsonl(run_dir / "labels.jsonl", Label)
+    assert [label.task_id for label in labels] == [f"t{i}" for i in range(6)]  # not the invalid t6
+    for label in labels:
+        assert len(label.attempts) == 3 and label.band == (1 / 8, 3 / 8)
+        solved = sum(bool(a.solved) for a in label.attempts)
+        assert label.valid_attempts == 3 and label.solve_rate == solved / 3
+        assert label.utility == int(1 / 8 <= solved / 3 <= 3 / 8)
+        assert all(a.solved is not None and "missing_answer" in a.diagnostics for a in label.attempts)
+    assert out.startswith("labeled 6: in band ")
+
+
+def test_resumes_after_kill_9(run_dir):
+    """Kill a labeling process mid-run; the rerun keeps every finished label and writes none twice."""
+    labels_path = run_dir / "labels.jsonl"
+    command = [str(Path(sys.executable).with_name("propel")), "-q", "label", str(run_dir / "run.yaml")]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if labels_path.exists() and labels_path.read_bytes().count(b"\n") >= 2:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "labeling finished before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    before = read_jsonl(labels_path, Label)
+    assert 2 <= len(before) < 6
+
+    subprocess.run(command, check=True, capture_output=True)
+    after = read_jsonl(labels_path, Label)
+    assert after[: len(before)] == before  # finished labels untouched
+    assert sorted(label.task_id for label in after) == [f"t{i}" for i in range(6)]  # each exactly once
+
+
+def test_no_valid_tasks_is_a_clear_error(tmp_path, propel_cli):
+    (tmp_path / "run.yaml").write_text(f"run_dir: {tmp_path}\ndomain: {{name: countdown}}\n")
+    (tmp_path / "tasks.jsonl").write_text("")
+    result = propel_cli("label", str(tmp_path / "run.yaml"), check=False)
+    assert result.returncode == 1 and "no valid tasks in" in result.stderr and "propel generate" in result.stderr
+
+
+def test_tasks_untouched(run_dir, propel_cli):
+    before = (run_dir / "tasks.jsonl").read_bytes()
+    propel_cli("-q", "label", str(run_dir / "run.yaml"), "label.k=1")
+    assert (run_dir / "tasks.jsonl").read_bytes() == before
+    assert len(read_jsonl(run_dir / "tasks.jsonl", Task)) == 7
