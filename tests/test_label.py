@@ -70,11 +70,13 @@ def test_resumes_after_kill_9(run_dir):
     assert sorted(label.task_id for label in after) == [f"t{i}" for i in range(6)]  # each exactly once
 
 
-def test_no_valid_tasks_is_a_clear_error(tmp_path, propel_cli):
+def test_missing_tasks_is_a_clear_error_and_no_valid_tasks_is_not(tmp_path, propel_cli):
     (tmp_path / "run.yaml").write_text(f"run_dir: {tmp_path}\ndomain: {{name: countdown}}\n")
-    (tmp_path / "tasks.jsonl").write_text("")
     result = propel_cli("label", str(tmp_path / "run.yaml"), check=False)
-    assert result.returncode == 1 and "no valid tasks in" in result.stderr and "propel generate" in result.stderr
+    assert result.returncode == 1 and "tasks.jsonl does not exist: run `propel generate` first" in result.stderr
+    (tmp_path / "tasks.jsonl").write_text("")
+    result = propel_cli("label", str(tmp_path / "run.yaml"))
+    assert "no valid tasks" in result.stderr and result.stdout.startswith("labeled 0:")
 
 
 def test_tasks_untouched(run_dir, propel_cli):

@@ -18,11 +18,12 @@ from propel_core.run import Run, log
 def label(run: Run) -> None:
     """Run the solver K times on every valid task and grade each attempt -> labels.jsonl."""
     config = run.config
-    tasks = [task for task in iter_jsonl(run.dir / "tasks.jsonl", Task) if task.validity.valid]
+    tasks_path = run.dir / "tasks.jsonl"
+    if not tasks_path.exists():
+        raise PropelError(f"{tasks_path} does not exist: run `propel generate` first")
+    tasks = [task for task in iter_jsonl(tasks_path, Task) if task.validity.valid]
     if not tasks:
-        raise PropelError(
-            f"no valid tasks in {run.dir / 'tasks.jsonl'}: run `propel generate` first and check its funnel"
-        )
+        log.warning("no valid tasks in %s to label; see the generate funnel", tasks_path)
     path = run.dir / "labels.jsonl"
     done = {existing.task_id for existing in iter_jsonl(path, Label)}
     todo = [task for task in tasks if task.id not in done]
