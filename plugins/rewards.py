@@ -11,14 +11,10 @@ from collections.abc import Callable, Mapping
 
 from propel_core import hookimpl
 from propel_core.config import RewardConfig
-from propel_core.errors import PropelError
+from propel_core.errors import RewardError
 from propel_core.records import Task
 
 Rule = Callable[[Task, Mapping[str, object]], float]
-
-
-class RewardError(PropelError):
-    """A reward rule got scores it cannot turn into a reward."""
 
 
 @hookimpl

@@ -73,6 +73,16 @@ def _run_stages(run, names) -> None:
         STAGES[name](run)
 
 
+def _run_demo_stages(run, names) -> None:
+    """Like _run_stages, but a stage left without enough data ends the demo with the reason, not an error."""
+    from propel_core.errors import NotEnoughData
+
+    try:
+        _run_stages(run, names)
+    except NotEnoughData as exc:
+        click.echo(f"\nthe demo stopped: {exc}")
+
+
 @cli.command(context_settings={"ignore_unknown_options": True})
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.argument("overrides", nargs=-1)
@@ -94,7 +104,7 @@ def demo(ctx: click.Context, run_dir: str, overrides: tuple[str, ...]) -> None:
 
     with_dir = (f"run_dir={Path(run_dir)}", *overrides)
     run = _start(ctx, (str(DEMO_CONFIG),), with_dir)
-    _run_stages(run, STAGES)
+    _run_demo_stages(run, STAGES)
     click.echo(f"\ndemo finished; everything it wrote is in {run.dir}/")
 
 

@@ -103,6 +103,10 @@ class ProbeConfig(Section):
     patience: int = Field(7, gt=0)
     seeds: list[int] = Field(default_factory=lambda: [0])
     rvp_samples: int = Field(512, gt=0)
+    max_ece: float = Field(0.15, ge=0, le=1, description="selection keeps cells at most this miscalibrated")
+    rvp_tolerance: float = Field(
+        0.02, ge=0, description="cells this close to the best balanced accuracy compete on RVP"
+    )
     calibrate: bool = False
 
 

@@ -5,8 +5,8 @@ import math
 import pytest
 
 from propel_core.config import RewardConfig
+from propel_core.errors import RewardError
 from propel_core.records import Task, Validity
-from propel_plugins.rewards import RewardError
 
 
 def task(valid: bool) -> Task:

@@ -9,10 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from propel_core.run import Run
+from propel_core.stages.extract import extract
 from propel_core.stages.generate import generate
 from propel_core.stages.label import label
+from propel_core.stages.probe import probe
 
 STAGES: dict[str, Callable[[Run], None]] = {
     "generate": generate,
     "label": label,
+    "extract": extract,
+    "probe": probe,
 }

@@ -1,0 +1,238 @@
+"""probe: sweep layer x pooling x architecture x balance, select one probe, save it -> ``RUN/probes/``.
+
+Writes ``sweep.csv`` (one row per cell, metrics averaged over seeds and folds), ``sweep_heatmap.png``
+(validation balanced accuracy per layer x pooling, one panel per architecture and balance), and the
+selected probe as a bundle in ``probes/selected/`` (``probe.safetensors`` + ``probe.json``).
+
+Selection (appendix 14): among cells whose validation ECE is at most ``probe.max_ece`` (all cells when
+none is), take those within ``probe.rvp_tolerance`` of the best validation balanced accuracy and pick
+the one with the highest RVP, the variance of the exact RL reward over base-policy generations.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from collections.abc import Iterator
+
+from propel_core.embedded import EMBEDDED_MODEL_ID
+from propel_core.errors import NotEnoughData, PropelError, RewardError
+from propel_core.probes import fit_temperature, metrics, save_bundle, train_probe
+from propel_core.records import Label, ProbeBundle, Task, iter_jsonl
+from propel_core.run import Run, log
+from propel_core.stages.extract import load_activations
+
+METRICS = ("balanced_accuracy", "ece", "auc", "f1", "spearman")
+
+
+def probe(run: Run) -> None:
+    """Sweep probe cells on the labeled activations, select one, and save it -> probes/."""
+    import torch
+
+    config, probe_config = run.config, run.config.probe
+    labels = [label for label in iter_jsonl(run.dir / "labels.jsonl", Label) if label.utility is not None]
+    if not labels:
+        raise PropelError(f"no labels with a known utility in {run.dir / 'labels.jsonl'}: run `propel label` first")
+    if len({label.utility for label in labels}) < 2:
+        side = "inside" if labels[0].utility else "outside"
+        raise NotEnoughData(
+            f"all {len(labels)} labeled tasks are {side} the band, so there is nothing to tell apart; "
+            "label more tasks, or move label.band_low / label.band_high"
+        )
+    tasks = {task.id: task for task in iter_jsonl(run.dir / "tasks.jsonl", Task)}
+    first_layer, first_pooling = probe_config.layers[0], probe_config.poolings[0]
+    ids, _ = load_activations(run.dir, first_layer, first_pooling)
+    row_of = {task_id: row for row, task_id in enumerate(ids)}
+    labels = [label for label in labels if label.task_id in row_of]
+    rows = torch.tensor([row_of[label.task_id] for label in labels])
+    y = torch.tensor([label.utility for label in labels])
+    solve_rates = torch.tensor([label.solve_rate for label in labels], dtype=torch.float)
+    groups = [tasks[label.task_id].context_id for label in labels]
+    rvp_tasks = list(tasks.values())[: probe_config.rvp_samples]
+    rule = run.component("reward_rules", config.reward.rule)(config.reward)
+    log.info("%d labeled rows (%d in band); RVP over %d base-policy tasks", len(y), int(y.sum()), len(rvp_tasks))
+
+    cells, kept = [], {}
+    grid = [
+        (layer, pooling, architecture, balance)
+        for layer in probe_config.layers
+        for pooling in probe_config.poolings
+        for architecture in probe_config.architectures
+        for balance in probe_config.balance
+    ]
+    with run.progress("probe sweep", total=len(grid)) as advance:
+        for layer in probe_config.layers:
+            for pooling in probe_config.poolings:
+                _, x_all = load_activations(run.dir, layer, pooling)
+                x = x_all[rows]
+                rvp_x = {t.id: x_all[row_of[t.id]] for t in rvp_tasks if t.id in row_of}
+                for architecture in probe_config.architectures:
+                    factory = run.component("probe_architectures", architecture)
+                    for balance in probe_config.balance:
+                        runs = []
+                        for seed in probe_config.seeds:
+                            for train, val, test in splits(y, groups, balance, probe_config.split, probe_config, seed):
+                                trained = train_probe(
+                                    factory, x, y, train, val, probe_config, balance == "weighted", seed
+                                )
+                                result = {
+                                    f"val_{k}": v
+                                    for k, v in metrics(y[val], trained.logits(x[val]), solve_rates[val]).items()
+                                }
+                                result |= {
+                                    f"test_{k}": v
+                                    for k, v in metrics(y[test], trained.logits(x[test]), solve_rates[test]).items()
+                                }
+                                result |= {
+                                    "rvp": rvp(rule, rvp_tasks, rvp_x, trained),
+                                    "epochs": trained.epochs,
+                                    "train_rows": len(train),
+                                }
+                                runs.append(result)
+                                kept.setdefault((layer, pooling, architecture, balance), (trained, x, val))
+                        cell = {"layer": layer, "pooling": pooling, "architecture": architecture, "balance": balance}
+                        cells.append(cell | {key: _mean([r[key] for r in runs]) for key in runs[0]})
+                        advance(1)
+
+    folder = run.dir / "probes"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_sweep(folder / "sweep.csv", cells)
+    heatmap(folder / "sweep_heatmap.png", cells, probe_config)
+    chosen = select(cells, probe_config)
+    key = (chosen["layer"], chosen["pooling"], chosen["architecture"], chosen["balance"])
+    trained, x, val = kept[key]
+    temperature = fit_temperature(trained.logits(x[val]), y[val]) if probe_config.calibrate else 1.0
+    reference = config.reference.model or EMBEDDED_MODEL_ID
+    bundle = ProbeBundle(
+        reference_model=reference, layer=chosen["layer"], pooling=chosen["pooling"],
+        architecture=chosen["architecture"], input_dim=x.shape[1], max_length=probe_config.max_length,
+        temperature=temperature, training_rows=int(chosen["train_rows"]),
+        metrics={k: v for k, v in chosen.items() if isinstance(v, float) and math.isfinite(v)},
+    )  # fmt: skip
+    save_bundle(folder / "selected", trained, bundle)
+    print(selection_table(cells, chosen))
+
+
+def splits(y, groups, balance: str, split: str, config, seed: int) -> Iterator[tuple]:
+    """(train, val, test) row indices: a random 80/10/10 split, or k grouped folds (test = one fold,
+    val = the next, train = the rest; no group straddles two folds). ``downsample`` first drops
+    majority-class rows at random until both classes are the same size."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    chosen = torch.arange(len(y))
+    if balance == "downsample":
+        positives, negatives = chosen[y == 1], chosen[y == 0]
+        keep = min(len(positives), len(negatives))
+        pick = lambda rows: rows[torch.randperm(len(rows), generator=generator)[:keep]]  # noqa: E731
+        chosen = torch.cat([pick(positives), pick(negatives)])
+    if split == "random":
+        if len(chosen) < 10:
+            raise PropelError(f"{len(chosen)} rows after balancing; an 80/10/10 split needs at least 10")
+        chosen = chosen[torch.randperm(len(chosen), generator=generator)]
+        n_train, n_val = int(0.8 * len(chosen)), max(1, int(0.1 * len(chosen)))
+        yield chosen[:n_train], chosen[n_train : n_train + n_val], chosen[n_train + n_val :]
+        return
+    names = sorted({groups[i] for i in chosen.tolist()})
+    if len(names) < config.folds:
+        raise PropelError(f"grouped k-fold needs at least {config.folds} groups; the labeled rows have {len(names)}")
+    order = torch.randperm(len(names), generator=generator).tolist()
+    fold_of = {names[i]: position % config.folds for position, i in enumerate(order)}
+    folds = [chosen[torch.tensor([fold_of[groups[i]] == f for i in chosen.tolist()])] for f in range(config.folds)]
+    for f in range(config.folds):
+        val_fold = (f + 1) % config.folds
+        train = torch.cat([folds[g] for g in range(config.folds) if g not in (f, val_fold)])
+        yield train, folds[val_fold], folds[f]
+
+
+def rvp(rule, tasks: list[Task], features: dict, trained) -> float:
+    """Reward variance under the base policy: the exact RL reward of each base-policy task, whose
+    probe scores come from its activations (tasks that never parsed have none)."""
+    import torch
+
+    scored = [t.id for t in tasks if t.id in features]
+    logits = (
+        dict(zip(scored, trained.logits(torch.stack([features[i] for i in scored])).tolist(), strict=True))
+        if scored
+        else {}
+    )
+    rewards = []
+    for task in tasks:
+        scores = {}
+        if task.id in logits:
+            logit = logits[task.id]
+            scores = {"logit": logit, "probability": 1 / (1 + math.exp(-logit)), "ensemble_logits": [logit],
+                      "auxiliary_logit": logit}  # fmt: skip
+        try:
+            rewards.append(rule(task, scores))
+        except RewardError:  # e.g. probe_only on a task that never parsed: no reward to count
+            continue
+    return statistics.pvariance(rewards) if len(rewards) > 1 else 0.0
+
+
+def select(cells: list[dict], config) -> dict:
+    calibrated = [c for c in cells if c["val_ece"] <= config.max_ece]
+    if not calibrated:
+        log.warning("no cell has validation ECE <= %s; selecting among all cells", config.max_ece)
+    pool = calibrated or cells
+    best = max(c["val_balanced_accuracy"] for c in pool)
+    close = [c for c in pool if c["val_balanced_accuracy"] >= best - config.rvp_tolerance]
+    return max(close, key=lambda c: (c["rvp"], c["val_balanced_accuracy"]))
+
+
+def write_sweep(path, cells: list[dict]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(cells[0]))
+        writer.writeheader()
+        writer.writerows(cells)
+
+
+def heatmap(path, cells: list[dict], config) -> None:
+    """Validation balanced accuracy per layer x pooling; one panel per architecture x balance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(a, b) for a in config.architectures for b in config.balance]
+    size = (2 + 1.4 * len(config.poolings) * len(panels), 1 + 0.5 * len(config.layers))
+    figure, axes = plt.subplots(1, len(panels), figsize=size, squeeze=False)
+    by_cell = {(c["layer"], c["pooling"], c["architecture"], c["balance"]): c["val_balanced_accuracy"] for c in cells}
+    top = max(0.8, *by_cell.values())  # chance at the bottom of the colour scale, the best cell at the top
+    for axis, (architecture, balance) in zip(axes[0], panels, strict=True):
+        grid = [
+            [by_cell[layer, pooling, architecture, balance] for pooling in config.poolings] for layer in config.layers
+        ]
+        image = axis.imshow(grid, vmin=0.5, vmax=top, cmap="viridis", aspect="auto")
+        axis.set_xticks(range(len(config.poolings)), config.poolings, rotation=45, ha="right")
+        axis.set_yticks(range(len(config.layers)), config.layers)
+        axis.set_title(f"{architecture}, {balance}")
+        for i, row in enumerate(grid):
+            for j, value in enumerate(row):
+                axis.text(j, i, f"{value:.2f}", ha="center", va="center", color="white" if value < 0.6 else "black")
+    axes[0][0].set_ylabel("layer")
+    figure.colorbar(image, ax=axes[0].tolist(), label="validation balanced accuracy")
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+
+
+ROW = "  {:>5} {:<18} {:<9} {:<10} {:>8} {:>7} {:>9} {:>8}{}"
+
+
+def selection_table(cells: list[dict], chosen: dict) -> str:
+    ranked = sorted(cells, key=lambda c: -c["val_balanced_accuracy"])[:5]
+    lines = [f"{len(cells)} cells; top by validation balanced accuracy:"]
+    lines.append(ROW.format("layer", "pooling", "arch", "balance", "val bacc", "val ece", "test bacc", "rvp", ""))
+    for c in [*ranked, *([chosen] if chosen not in ranked else [])]:
+        numbers = (f"{c['val_balanced_accuracy']:.3f}", f"{c['val_ece']:.3f}", f"{c['test_balanced_accuracy']:.3f}")
+        mark = "  <- selected" if c is chosen else ""
+        lines.append(
+            ROW.format(c["layer"], c["pooling"], c["architecture"], c["balance"], *numbers, f"{c['rvp']:.4f}", mark)
+        )
+    return "\n".join(lines)
+
+
+def _mean(values: list) -> float:
+    finite = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
