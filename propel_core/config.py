@@ -91,6 +91,7 @@ class LabelConfig(Section):
 class ProbeConfig(Section):
     layers: list[int] = Field(default_factory=lambda: [3, 7, 11, 15, 19, 23, 27, 31])
     poolings: list[str] = component("poolers", default_factory=lambda: ["last_token", "mean_full", "mean_last_50"])
+    turn_vector: str = component("poolers", "mean_full", description="one vector per turn of a multi-turn task")
     architectures: list[str] = component("probe_architectures", default_factory=lambda: ["linear", "mlp"])
     balance: list[Literal["downsample", "weighted"]] = Field(default_factory=lambda: ["downsample"])
     split: Literal["random", "grouped_kfold"] = "random"

@@ -57,8 +57,9 @@ class Domain(ABC):
         """The task payload in ``generation``; raise :class:`ParseError` with a reason if there is none."""
 
     @abstractmethod
-    def render(self, payload: dict[str, Any]) -> str:
-        """The task as text, the input the frozen reference model reads."""
+    def render(self, payload: dict[str, Any]) -> str | list[str]:
+        """The task as the frozen reference model reads it: one text, or a list of turns for a
+        multi-turn trajectory (pooled per turn, then over turns)."""
 
     @abstractmethod
     def solver_prompt(self, payload: dict[str, Any]) -> Messages:

@@ -198,26 +198,27 @@ class ProbeScorer:
         head = self.registry.get("probe_architectures", self.bundle.architecture)(self.bundle.input_dim)
         head.load_state_dict({k.removeprefix("head."): v for k, v in tensors.items() if k.startswith("head.")})
         self.probe = TrainedProbe(head, tensors["mean"], tensors["std"], epochs=0)
-        self.pooler = self.registry.get("poolers", self.bundle.pooling)
+        self.poolers = {self.bundle.pooling: self.registry.get("poolers", self.bundle.pooling)}
+        self.turn_vector = self.registry.get("poolers", self.bundle.turn_vector)
         model = None if self.bundle.reference_model == EMBEDDED_MODEL_ID else self.bundle.reference_model
         self.backend = self.registry.backend(ModelConfig(model=model))
 
     def logits_of_features(self, x):
         return self.probe.logits(x) / self.bundle.temperature
 
-    def score(self, texts: list[str], batch_size: int = 8) -> list[dict[str, float]]:
-        """``logit`` and ``probability`` of the in-band class for each text (temperature applied)."""
+    def score(self, texts: list[str | list[str]], batch_size: int = 8) -> list[dict[str, float]]:
+        """``logit`` and ``probability`` of the in-band class for each text or trajectory (a list of
+        turns), computed exactly as the extract stage pooled them, with the temperature applied."""
         import torch
 
-        out = []
-        for start in range(0, len(texts), batch_size):
-            states = self.backend.hidden_states(
-                texts[start : start + batch_size], [self.bundle.layer], self.bundle.max_length
-            )
-            pooled = self.pooler(states.layers[self.bundle.layer], states.mask).float()
-            logits = self.logits_of_features(pooled)
-            out += [{"logit": float(logit), "probability": float(torch.sigmoid(logit))} for logit in logits]
-        return out
+        from propel_core.stages.extract import pooled_activations
+
+        layer, pooling = self.bundle.layer, self.bundle.pooling
+        features = pooled_activations(
+            self.backend, texts, [layer], self.poolers, self.turn_vector, self.bundle.max_length, batch_size
+        )[layer, pooling]
+        logits = self.logits_of_features(features)
+        return [{"logit": float(logit), "probability": float(torch.sigmoid(logit))} for logit in logits]
 
 
 def load_probe(folder: str | Path, registry=None) -> ProbeScorer:

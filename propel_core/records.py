@@ -52,7 +52,9 @@ class Task(Record):
     context_id: str
     generation: str = Field(description="the generator's raw output")
     payload: dict[str, Any] | None = Field(None, description="the parsed task; null when parsing failed")
-    text: str | None = Field(None, description="the task as the reference model reads it")
+    text: str | list[str] | None = Field(
+        None, description="the task as the reference model reads it: one text, or a trajectory's turns"
+    )
     validity: Validity
     topic: str | None = None
     generator: str = Field(description="model id of the generator that wrote it")
@@ -105,6 +107,7 @@ class ProbeBundle(Record):
     architecture: str
     input_dim: int
     max_length: int
+    turn_vector: str = "mean_full"
     threshold: float = 0.5
     temperature: float = 1.0
     metrics: dict[str, float] = Field(default_factory=dict)

@@ -12,7 +12,7 @@ from propel_core.domain import make_task
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
 from propel_core.probes import auc, balanced_accuracy, ece, f1, load_probe, spearman, train_probe
-from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, read_jsonl
+from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity, read_jsonl
 from propel_core.stages.extract import activation_file, load_activations
 from propel_core.stages.probe import select, splits
 
@@ -190,3 +190,34 @@ def test_one_class_is_a_clear_error(tmp_path, propel_cli):
 def test_missing_bundle(tmp_path):
     with pytest.raises(PropelError, match="no probe bundle in"):
         load_probe(tmp_path)
+
+
+@pytest.mark.slow
+def test_trajectories_pool_per_turn_then_over_turns(tmp_path, propel_cli, embedded_backend):
+    trajectories = {
+        "a": ["I will look at the tests first.", "ls tests/", "Now I change the comparison in utils.py to <=."],
+        "b": ["Reading the code.", "The bug goes into the parser: an off-by-one in the loop bound."],
+        "c": "A single-text task mixed in with trajectories.",
+    }
+    with JsonlWriter(tmp_path / "tasks.jsonl") as out:
+        for task_id, text in trajectories.items():
+            out.write(Task(id=task_id, domain="swe", context_id="repo", generation="", payload={}, text=text,
+                           validity=Validity.ok(), generator="m"))  # fmt: skip
+    (tmp_path / "run.yaml").write_text(
+        f"run_dir: {tmp_path}\ndomain: {{name: countdown}}\nreference: {{batch_size: 2}}\n"
+        "probe: {layers: [5], poolings: [max, mean_last_half], turn_vector: last_token}\n"
+    )
+    propel_cli("-q", "extract", str(tmp_path / "run.yaml"))
+    poolers = Registry.build().components["poolers"]
+    for pooling in ("max", "mean_last_half"):
+        ids, pooled = load_activations(tmp_path, 5, pooling)
+        assert ids == ["a", "b", "c"]
+        for row, text in enumerate(trajectories.values()):
+            turns = [text] if isinstance(text, str) else text
+            alone = [embedded_backend.hidden_states([turn], [5], max_length=2048) for turn in turns]
+            if isinstance(text, str):
+                expected = poolers[pooling].obj(alone[0].layers[5], alone[0].mask)[0]
+            else:
+                vectors = torch.stack([poolers["last_token"].obj(s.layers[5], s.mask)[0] for s in alone])[None]
+                expected = poolers[pooling].obj(vectors, torch.ones(1, len(turns), dtype=torch.long))[0]
+            torch.testing.assert_close(pooled[row], expected, atol=1e-4, rtol=1e-4)

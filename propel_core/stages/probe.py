@@ -107,6 +107,7 @@ def probe(run: Run) -> None:
     bundle = ProbeBundle(
         reference_model=reference, layer=chosen["layer"], pooling=chosen["pooling"],
         architecture=chosen["architecture"], input_dim=x.shape[1], max_length=probe_config.max_length,
+        turn_vector=probe_config.turn_vector,
         temperature=temperature, training_rows=int(chosen["train_rows"]),
         metrics={k: v for k, v in chosen.items() if isinstance(v, float) and math.isfinite(v)},
     )  # fmt: skip
