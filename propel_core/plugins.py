@@ -24,6 +24,7 @@ from propel_core.errors import PropelError
 DEFAULT_PLUGINS = (
     "propel_plugins.backends",
     "propel_plugins.openai_backend",
+    "propel_plugins.vllm_backend",
     "propel_plugins.poolers",
     "propel_plugins.probes",
     "propel_plugins.rewards",
