@@ -132,3 +132,7 @@ _add_stage_commands()
 
 def main() -> None:
     cli(prog_name="propel")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,10 +13,12 @@ from propel_core.stages.extract import extract
 from propel_core.stages.generate import generate
 from propel_core.stages.label import label
 from propel_core.stages.probe import probe
+from propel_core.stages.train import train
 
 STAGES: dict[str, Callable[[Run], None]] = {
     "generate": generate,
     "label": label,
     "extract": extract,
     "probe": probe,
+    "train": train,
 }
