@@ -2,13 +2,11 @@
 
 import csv
 import math
-import statistics
 
 import pytest
 import torch
 
 from propel_core.config import ProbeConfig
-from propel_core.domain import make_task
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
 from propel_core.probes import auc, balanced_accuracy, ece, f1, load_probe, spearman, train_probe
@@ -85,22 +83,8 @@ def test_selection_respects_calibration_then_rvp():
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """128 valid countdown tasks (the domain's own example puzzles) with planted labels: a task is
-    'in band' when its target is above the median, a property the reference model can read."""
-    folder = tmp_path_factory.mktemp("probe-run")
-    registry = Registry.build()
-    domain = registry.domain("countdown")
-    predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
-    puzzles = [example for context in domain.contexts() for example in context.data["examples"]]
-    median = statistics.median(p["target"] for p in puzzles)
-    with JsonlWriter(folder / "tasks.jsonl") as tasks, JsonlWriter(folder / "labels.jsonl") as labels:
-        for i, puzzle in enumerate(puzzles):
-            task = make_task(f"t{i:03d}", domain, domain.contexts()[i // 2], domain.render(puzzle), "m", predicates)
-            tasks.write(task)
-            solved = 2 if puzzle["target"] > median else 0
-            attempts = [SolverAttempt(text="", solved=j < solved) for j in range(8)]
-            labels.write(Label.from_attempts(task.id, attempts, (1 / 8, 3 / 8), 1))
+def run_dir(tmp_path_factory, planted_run):
+    folder = planted_run(tmp_path_factory.mktemp("probe-run"))
     (folder / "run.yaml").write_text(
         f"run_dir: {folder}\ndomain: {{name: countdown}}\nreference: {{batch_size: 16}}\n"
         "probe: {layers: [2, 8], poolings: [last_token, mean_full], architectures: [linear, mlp], calibrate: true}\n"

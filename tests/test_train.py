@@ -8,10 +8,8 @@ import pytest
 import torch
 
 from propel_core.config import ModelConfig, validate_config
-from propel_core.domain import make_task
 from propel_core.plugins import Registry
 from propel_core.probes import load_probe
-from propel_core.records import JsonlWriter, Label, SolverAttempt
 from propel_core.reward import RewardScorer
 from propel_core.run import Run
 from propel_core.stages.extract import extract
@@ -22,20 +20,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def probed_run(tmp_path_factory):
+def probed_run(tmp_path_factory, planted_run):
     """A run folder with a selected probe, trained on countdown tasks with a planted label."""
-    folder = tmp_path_factory.mktemp("train-run")
+    folder = planted_run(tmp_path_factory.mktemp("train-run"))
     registry = Registry.build()
-    domain = registry.domain("countdown")
-    predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
-    puzzles = [example for context in domain.contexts() for example in context.data["examples"]]
-    median = statistics.median(p["target"] for p in puzzles)
-    with JsonlWriter(folder / "tasks.jsonl") as tasks, JsonlWriter(folder / "labels.jsonl") as labels:
-        for i, puzzle in enumerate(puzzles):
-            task = make_task(f"t{i:03d}", domain, domain.contexts()[i // 2], domain.render(puzzle), "m", predicates)
-            tasks.write(task)
-            attempts = [SolverAttempt(text="", solved=j < (2 if puzzle["target"] > median else 0)) for j in range(8)]
-            labels.write(Label.from_attempts(task.id, attempts, (1 / 8, 3 / 8), 1))
     data = {"run_dir": str(folder), "domain": {"name": "countdown"},
             "probe": {"layers": [8], "poolings": ["mean_full"], "architectures": ["linear"]},
             "train": {"steps": 2, "group_size": 4, "per_device_batch": 4, "gradient_accumulation": 1,
