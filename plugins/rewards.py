@@ -24,6 +24,7 @@ def register_reward_rules(register):
     register("probe_only", probe_only)
     register("wco", wco)
     register("adversarial", adversarial)
+    register("solver_in_the_loop", solver_in_the_loop)
 
 
 def _score(scores: Mapping[str, object], key: str) -> float:
@@ -78,3 +79,11 @@ def wco(config: RewardConfig) -> Rule:
 def adversarial(config: RewardConfig) -> Rule:
     """r_bad if invalid, else min(main probe logit, auxiliary probe logit) (co-evolution)."""
     return _gated(config, lambda scores: min(_score(scores, "logit"), _score(scores, "auxiliary_logit")))
+
+
+def solver_in_the_loop(config: RewardConfig) -> Rule:
+    """The paper's SIL baseline: r_bad if invalid, else the real utility (1 in band, 0 outside) from
+    K live solver attempts; no probe. It exists to measure what the probe saves."""
+    rule = _gated(config, lambda scores: _score(scores, "solver_utility"))
+    rule.needs = frozenset({"solver_utility"})
+    return rule

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from propel_core.records import Context, Task, Validity
+from propel_core.records import Context, SolverAttempt, Task, Validity
 
 if TYPE_CHECKING:
     from propel_core.plugins import Registry
@@ -99,3 +99,9 @@ def make_task(
             task.validity = Validity.reject(f"{name}: {validity.reason}")
             break
     return task
+
+
+def grade_attempt(domain: Domain, task: Task, text: str) -> SolverAttempt:
+    """One solver attempt at ``task``, graded by its domain."""
+    verdict = domain.grade(task.payload, text)
+    return SolverAttempt(text=text, solved=verdict.solved, reason=verdict.reason, diagnostics=verdict.diagnostics)

@@ -102,6 +102,10 @@ def register_reward_rules(register):
     ``ensemble_logits`` for an ensemble. The rule returns one finite float; non-finite scores are an
     error, never a silent reward.
 
+    A rule may carry a ``needs`` attribute, the set of score names it reads: the scorer then computes
+    only those (``solver_utility``, the real utility from K live solver attempts, for the
+    solver-in-the-loop baseline). Without it the rule gets the probe scores.
+
     The run uses the single rule named by ``reward.rule``.
     """
 

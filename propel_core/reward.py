@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from propel_core.backend import prefill
-from propel_core.domain import make_task
+from propel_core.domain import grade_attempt, make_task
+from propel_core.errors import PropelError
 from propel_core.probes import ProbeScorer
-from propel_core.records import Context, Task
+from propel_core.records import Context, Label, Task
 
 
 class RewardScorer:
@@ -25,10 +26,16 @@ class RewardScorer:
 
     def __init__(self, run, probes: list[ProbeScorer], log_path: Path | None = None):
         self.config, self.domain = run.config, run.domain()
+        self.run = run
         self.rule = run.component("reward_rules", self.config.reward.rule)(self.config.reward)
         self.predicates = {name: run.component("validity_predicates", name) for name in self.domain.validity_predicates}
         self.contexts = {context.id: context for context in self.domain.contexts()}
         self.probes = probes
+        self.needs = getattr(self.rule, "needs", frozenset({"logit", "probability"}))
+        if self.needs - {"solver_utility"} and not probes:
+            raise PropelError(
+                f"reward rule {self.config.reward.rule!r} reads probe scores, but no probe bundle was given"
+            )
         self.log_path = log_path
         self.calls = 0
 
@@ -52,6 +59,10 @@ class RewardScorer:
         self.log(step, tasks, rewards, scores)
         return rewards
 
+    @property
+    def solver(self):
+        return self.run.backend("solver")
+
     def task(self, i: int, step: int, prompt, completion, context_ids) -> Task:
         text = completion if isinstance(completion, str) else completion[-1]["content"]
         context = self.contexts.get(context_ids[i]) if context_ids else None
@@ -59,11 +70,37 @@ class RewardScorer:
         return make_task(f"rl-{step}-{i}", self.domain, context, prefill(prompt) + text, "policy", self.predicates)
 
     def scores(self, tasks: list[Task]) -> list[dict[str, Any]]:
-        """Probe scores of every task the reference can read (valid or not: probe_only needs both)."""
-        readable = [i for i, task in enumerate(tasks) if task.text is not None]
+        """The scores the rule needs: probe scores of every task the reference can read (valid or not:
+        probe_only needs both), and/or the live solver utility of every valid task."""
         out: list[dict[str, Any]] = [{} for _ in tasks]
+        if "solver_utility" in self.needs:
+            for i, utility in self.solver_utilities(tasks).items():
+                out[i]["solver_utility"] = utility
+        if self.needs - {"solver_utility"}:
+            self.probe_scores(tasks, out)
+        return out
+
+    def solver_utilities(self, tasks: list[Task]) -> dict[int, float]:
+        """Utility from K real solver attempts per valid task, graded as the label stage does."""
+        label = self.config.label
+        valid = [i for i, task in enumerate(tasks) if task.validity.valid]
+        if not valid:
+            return {}
+        prompts = [self.domain.solver_prompt(tasks[i].payload) for i in valid]
+        attempts = self.solver.generate(prompts, self.config.solver.sampling, n=label.k)
+        utilities = {}
+        for i, texts in zip(valid, attempts, strict=True):
+            graded = [grade_attempt(self.domain, tasks[i], text) for text in texts]
+            result = Label.from_attempts(
+                tasks[i].id, graded, (label.band_low, label.band_high), label.min_valid_attempts
+            )
+            utilities[i] = float(result.utility or 0)  # too few gradable attempts: no credit
+        return utilities
+
+    def probe_scores(self, tasks: list[Task], out: list[dict[str, Any]]) -> None:
+        readable = [i for i, task in enumerate(tasks) if task.text is not None]
         if not readable:
-            return out
+            return
         per_probe = [probe.score([tasks[i].text for i in readable]) for probe in self.probes]
         for position, i in enumerate(readable):
             main = per_probe[0][position]
@@ -74,13 +111,12 @@ class RewardScorer:
             }
             if len(per_probe) > 1:
                 out[i]["auxiliary_logit"] = per_probe[1][position]["logit"]
-        return out
 
     def log(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict]) -> None:
         """Reward mean/std, validity rate, degenerate groups (all rewards equal), probe score spread."""
         group = self.config.train.group_size
         groups = [rewards[i : i + group] for i in range(0, len(rewards), group)]
-        probabilities = [s["probability"] for s in scores if s]
+        probabilities = [s["probability"] for s in scores if "probability" in s]
         entry = {
             "step": step,
             "reward_mean": statistics.fmean(rewards),

@@ -49,8 +49,9 @@ def test_reference_defaults_to_generator(registry):
 def test_wrong_reward_name_lists_installed(config_file, registry):
     with pytest.raises(ConfigError) as err:
         load_config(config_file, ["reward.rule=wc0"], registry)
-    assert "reward.rule: unknown reward rule 'wc0'; installed: adversarial, hard, probe_only, soft, wco" in str(
-        err.value
+    assert (
+        "reward.rule: unknown reward rule 'wc0'; installed: adversarial, hard, probe_only, soft, solver_in_the_loop, wco"
+        in str(err.value)
     )
 
 

@@ -20,7 +20,7 @@ def test_builtins_are_ordinary_plugins(plugin_manager):
 
 def test_builtins_register_by_kind(registry):
     assert registry.names("model_backends") == ["openai", "transformers", "vllm"]
-    assert registry.names("reward_rules") == ["adversarial", "hard", "probe_only", "soft", "wco"]
+    assert registry.names("reward_rules") == ["adversarial", "hard", "probe_only", "soft", "solver_in_the_loop", "wco"]
     assert "mean_last_50" in registry.names("poolers")
     assert registry.names("probe_architectures") == ["deep_mlp", "linear", "mlp"]
     assert registry.names("context_samplers") == ["uniform"]
@@ -55,14 +55,18 @@ def test_unknown_name_lists_installed(registry):
     with pytest.raises(UnknownComponent) as err:
         registry.get("reward_rules", "wc0")
     message = str(err.value)
-    assert message.startswith("unknown reward rule 'wc0'; installed: adversarial, hard, probe_only, soft, wco")
+    assert message.startswith(
+        "unknown reward rule 'wc0'; installed: adversarial, hard, probe_only, soft, solver_in_the_loop, wco"
+    )
     assert "did you mean 'wco'" in message
 
 
 def test_describe_groups_by_plugin(registry):
     described = {entry["name"]: entry for entry in registry.describe()}
     rewards = described["propel_plugins.rewards"]
-    assert rewards["registers"] == {"reward_rules": ["adversarial", "hard", "probe_only", "soft", "wco"]}
+    assert rewards["registers"] == {
+        "reward_rules": ["adversarial", "hard", "probe_only", "soft", "solver_in_the_loop", "wco"]
+    }
     assert rewards["version"] == described["propel_plugins.backends"]["version"] is not None
 
 

@@ -65,3 +65,13 @@ def test_non_finite_in_ensemble(rule):
 def test_missing_score_named(rule):
     with pytest.raises(RewardError, match="needs the score 'logit'"):
         rule("hard")(task(True), {"probability": 0.5})
+
+
+def test_solver_in_the_loop_uses_the_live_utility(rule):
+    sil = rule("solver_in_the_loop")
+    assert sil.needs == {"solver_utility"}
+    assert sil(task(True), {"solver_utility": 1.0}) == 1.0
+    assert sil(task(True), {"solver_utility": 0.0}) == 0.0
+    assert sil(task(False), {}) == -0.2
+    with pytest.raises(RewardError, match="needs the score 'solver_utility'"):
+        sil(task(True), {"logit": 2.0})

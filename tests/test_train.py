@@ -84,3 +84,22 @@ def test_two_grpo_steps_update_the_adapter_and_not_the_reference(probed_run):
     steps = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
     assert len(steps) == 2 and all(0 <= s["validity_rate"] <= 1 for s in steps)
     assert any(s["reward_std"] > 0 for s in steps)
+
+
+def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run):
+    from propel_core.config import validate_config as validate
+
+    data = probed_run.config.model_dump(mode="json") | {"reward": {"rule": "solver_in_the_loop"}}
+    data["label"] = {"k": 2}
+    data["solver"] = {"sampling": {"max_new_tokens": 16}}
+    run = Run(validate(data, probed_run.registry), probed_run.registry, quiet=True)
+    scorer = RewardScorer(run, probes=[])
+    prompt = run.domain().generator_prompt(run.domain().contexts()[0])
+    completions = [
+        [{"role": "assistant", "content": " 24\nNumbers: 3, 8, 8"}],
+        [{"role": "assistant", "content": "??"}],
+    ]
+    rewards = scorer([prompt] * 2, completions)
+    assert rewards[0] in (0.0, 1.0) and rewards[1] == -0.2
+    with pytest.raises(Exception, match="reads probe scores, but no probe bundle was given"):
+        RewardScorer(probed_run, probes=[])

@@ -10,8 +10,9 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 
+from propel_core.domain import grade_attempt
 from propel_core.errors import PropelError
-from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, iter_jsonl
+from propel_core.records import JsonlWriter, Label, Task, iter_jsonl
 from propel_core.run import Run, log
 
 
@@ -42,15 +43,10 @@ def label(run: Run) -> None:
                 seed = config.seed + zlib.crc32(chunk[0].id.encode())
                 completions = backend.generate(prompts, config.solver.sampling, n=config.label.k, seed=seed)
                 for task, attempts in zip(chunk, completions, strict=True):
-                    graded = [_attempt(domain, task, text) for text in attempts]
+                    graded = [grade_attempt(domain, task, text) for text in attempts]
                     out.write(Label.from_attempts(task.id, graded, band, config.label.min_valid_attempts))
                 advance(len(chunk))
     print(summary(list(iter_jsonl(path, Label)), config.label.k))
-
-
-def _attempt(domain, task: Task, text: str) -> SolverAttempt:
-    verdict = domain.grade(task.payload, text)
-    return SolverAttempt(text=text, solved=verdict.solved, reason=verdict.reason, diagnostics=verdict.diagnostics)
 
 
 def summary(labels: list[Label], k: int) -> str:

@@ -28,7 +28,9 @@ def train(run: Run) -> None:
 
     config, train_config = run.config, run.config.train
     bundle = run.dir / "probes" / "selected"
-    if not (bundle / "probe.json").exists():
+    rule = run.component("reward_rules", config.reward.rule)(config.reward)
+    uses_probe = getattr(rule, "needs", {"logit"}) != {"solver_utility"}
+    if uses_probe and not (bundle / "probe.json").exists():
         raise PropelError(f"no probe bundle in {bundle}: run `propel probe` first")
     generation_batch = train_config.per_device_batch * train_config.gradient_accumulation
     if generation_batch % train_config.group_size:
@@ -38,7 +40,8 @@ def train(run: Run) -> None:
         )
     folder = run.dir / "train"
     folder.mkdir(parents=True, exist_ok=True)
-    probes = [load_probe(bundle, run.registry), *(load_probe(path, run.registry) for path in config.reward.probes)]
+    bundles = [bundle, *config.reward.probes] if uses_probe else []
+    probes = [load_probe(path, run.registry) for path in bundles]
     scorer = RewardScorer(run, probes, log_path=folder / "reward_log.jsonl")
 
     domain = run.domain()
