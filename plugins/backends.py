@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from propel_core import hookimpl
-from propel_core.backend import HiddenStates, Prompt
+from propel_core.backend import HiddenStates, Prompt, as_messages, as_text, prefill
 from propel_core.config import ModelConfig, Sampling
 from propel_core.embedded import EMBEDDED_MODEL_ID, resolve_model
 from propel_core.errors import PropelError
@@ -42,11 +42,11 @@ class TransformersBackend:
     def prompt_text(self, prompt: Prompt) -> str:
         """The exact text fed to the model for ``prompt`` (chat template applied when configured)."""
         if not self.config.chat_template:
-            return prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in prompt)
+            return as_text(prompt)
         if self.tokenizer.chat_template is None:
             raise PropelError(f"model {self.model_id!r} has no chat template; set chat_template: false for this role")
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        if messages[-1]["role"] == "assistant":  # a prefilled answer start: continue it, open no new turn
+        messages = as_messages(prompt)
+        if prefill(prompt):  # a prefilled answer start: continue it, open no new turn
             return self.tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from propel_core import hookimpl
-from propel_core.backend import HiddenStates, Prompt, prefill
+from propel_core.backend import HiddenStates, Prompt, as_messages, prefill
 from propel_core.config import ModelConfig, Sampling
 from propel_core.errors import PropelError
 
@@ -62,7 +62,7 @@ class OpenAIBackend:
         if isinstance(prompt, str) and not self.config.chat_template:
             choices = self._post("/completions", body | {"prompt": prompt})
             return [choice["text"] for choice in choices]
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        messages = as_messages(prompt)
         if prefill(prompt):  # continue the final assistant message (vLLM's chat extension)
             body |= {"continue_final_message": True, "add_generation_prompt": False}
         choices = self._post("/chat/completions", body | {"messages": messages})

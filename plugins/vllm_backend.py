@@ -8,7 +8,7 @@ only: the reference model, which must give hidden states, keeps the ``transforme
 from __future__ import annotations
 
 from propel_core import hookimpl
-from propel_core.backend import HiddenStates, Prompt, prefill
+from propel_core.backend import HiddenStates, Prompt, as_messages, as_text, prefill
 from propel_core.config import ModelConfig, Sampling
 from propel_core.embedded import EMBEDDED_MODEL_ID, resolve_model
 from propel_core.errors import PropelError
@@ -47,7 +47,7 @@ class VLLMBackend:
         )
         results: list[list[str] | None] = [None] * len(prompts)
         if not self.config.chat_template:
-            texts = [p if isinstance(p, str) else "\n\n".join(m["content"] for m in p) for p in prompts]
+            texts = [as_text(p) for p in prompts]
             for i, output in enumerate(self.llm.generate(texts, params, use_tqdm=False)):
                 results[i] = [completion.text for completion in output.outputs]
             return results
@@ -56,9 +56,7 @@ class VLLMBackend:
             chosen = [i for i, p in enumerate(prompts) if bool(prefill(p)) == continuing]
             if not chosen:
                 continue
-            conversations = [
-                [{"role": "user", "content": p}] if isinstance(p, str) else p for p in (prompts[i] for i in chosen)
-            ]
+            conversations = [as_messages(prompts[i]) for i in chosen]
             outputs = self.llm.chat(conversations, params, use_tqdm=False, add_generation_prompt=not continuing,
                                     continue_final_message=continuing)  # fmt: skip
             for i, output in zip(chosen, outputs, strict=True):

@@ -15,6 +15,16 @@ if TYPE_CHECKING:
 Prompt = str | list[dict[str, str]]
 
 
+def as_messages(prompt: Prompt) -> list[dict[str, str]]:
+    """The prompt as chat messages: plain text becomes one user message."""
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+
+
+def as_text(prompt: Prompt) -> str:
+    """The prompt as plain text, for models used without a chat template."""
+    return prompt if isinstance(prompt, str) else "\n\n".join(message["content"] for message in prompt)
+
+
 def prefill(prompt: Prompt) -> str:
     """The start of the answer a prompt prefills ('' when it opens a fresh assistant turn)."""
     if isinstance(prompt, list) and prompt and prompt[-1]["role"] == "assistant":
