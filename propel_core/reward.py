@@ -20,6 +20,13 @@ from propel_core.errors import PropelError
 from propel_core.probes import ProbeScorer
 from propel_core.records import Context, Label, Task
 
+PROBE_SCORES = frozenset({"logit", "probability"})
+
+
+def reads_probe(rule) -> bool:
+    """Whether a reward rule reads probe scores: a rule without ``needs`` reads the probe's."""
+    return bool(getattr(rule, "needs", PROBE_SCORES) - {"solver_utility"})
+
 
 class RewardScorer:
     __name__ = "probe_reward"  # TRL names the reward column after the function
@@ -31,8 +38,8 @@ class RewardScorer:
         self.predicates = {name: run.component("validity_predicates", name) for name in self.domain.validity_predicates}
         self.contexts = {context.id: context for context in self.domain.contexts()}
         self.probes = probes
-        self.needs = getattr(self.rule, "needs", frozenset({"logit", "probability"}))
-        if self.needs - {"solver_utility"} and not probes:
+        self.needs = getattr(self.rule, "needs", PROBE_SCORES)
+        if reads_probe(self.rule) and not probes:
             raise PropelError(
                 f"reward rule {self.config.reward.rule!r} reads probe scores, but no probe bundle was given"
             )
@@ -76,7 +83,7 @@ class RewardScorer:
         if "solver_utility" in self.needs:
             for i, utility in self.solver_utilities(tasks).items():
                 out[i]["solver_utility"] = utility
-        if self.needs - {"solver_utility"}:
+        if reads_probe(self.rule):
             self.probe_scores(tasks, out)
         return out
 

@@ -14,7 +14,7 @@ import json
 from propel_core.embedded import resolve_model
 from propel_core.errors import PropelError
 from propel_core.probes import load_probe
-from propel_core.reward import RewardScorer
+from propel_core.reward import RewardScorer, reads_probe
 from propel_core.run import Run, log
 
 
@@ -28,8 +28,7 @@ def train(run: Run) -> None:
 
     config, train_config = run.config, run.config.train
     bundle = run.dir / "probes" / "selected"
-    rule = run.component("reward_rules", config.reward.rule)(config.reward)
-    uses_probe = getattr(rule, "needs", {"logit"}) != {"solver_utility"}
+    uses_probe = reads_probe(run.component("reward_rules", config.reward.rule)(config.reward))
     if uses_probe and not (bundle / "probe.json").exists():
         raise PropelError(f"no probe bundle in {bundle}: run `propel probe` first")
     generation_batch = train_config.per_device_batch * train_config.gradient_accumulation
