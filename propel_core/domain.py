@@ -7,9 +7,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from propel_core.records import Context, SolverAttempt, Task, Validity
+from propel_core.records import Context, Label, SolverAttempt, Task, Validity
 
 if TYPE_CHECKING:
+    from propel_core.config import LabelConfig
     from propel_core.plugins import Registry
 
 Messages = list[dict[str, str]]
@@ -105,3 +106,9 @@ def grade_attempt(domain: Domain, task: Task, text: str) -> SolverAttempt:
     """One solver attempt at ``task``, graded by its domain."""
     verdict = domain.grade(task.payload, text)
     return SolverAttempt(text=text, solved=verdict.solved, reason=verdict.reason, diagnostics=verdict.diagnostics)
+
+
+def label_task(domain: Domain, task: Task, texts: list[str], config: LabelConfig) -> Label:
+    """The label that ``texts``, K solver attempts at ``task``, give under the configured band."""
+    graded = [grade_attempt(domain, task, text) for text in texts]
+    return Label.from_attempts(task.id, graded, (config.band_low, config.band_high), config.min_valid_attempts)

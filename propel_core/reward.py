@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from propel_core.backend import prefill
-from propel_core.domain import grade_attempt, make_task
+from propel_core.domain import label_task, make_task
 from propel_core.errors import PropelError
 from propel_core.probes import ProbeScorer
-from propel_core.records import Context, Label, Task
+from propel_core.records import Context, Task
 
 PROBE_SCORES = frozenset({"logit", "probability"})
 
@@ -89,20 +89,16 @@ class RewardScorer:
 
     def solver_utilities(self, tasks: list[Task]) -> dict[int, float]:
         """Utility from K real solver attempts per valid task, graded as the label stage does."""
-        label = self.config.label
         valid = [i for i, task in enumerate(tasks) if task.validity.valid]
         if not valid:
             return {}
         prompts = [self.domain.solver_prompt(tasks[i].payload) for i in valid]
-        attempts = self.solver.generate(prompts, self.config.solver.sampling, n=label.k)
-        utilities = {}
-        for i, texts in zip(valid, attempts, strict=True):
-            graded = [grade_attempt(self.domain, tasks[i], text) for text in texts]
-            result = Label.from_attempts(
-                tasks[i].id, graded, (label.band_low, label.band_high), label.min_valid_attempts
-            )
-            utilities[i] = float(result.utility or 0)  # too few gradable attempts: no credit
-        return utilities
+        attempts = self.solver.generate(prompts, self.config.solver.sampling, n=self.config.label.k)
+        labels = [
+            label_task(self.domain, tasks[i], texts, self.config.label)
+            for i, texts in zip(valid, attempts, strict=True)
+        ]
+        return {i: float(label.utility or 0) for i, label in zip(valid, labels, strict=True)}  # too few gradable: 0
 
     def probe_scores(self, tasks: list[Task], out: list[dict[str, Any]]) -> None:
         readable = [i for i, task in enumerate(tasks) if task.text is not None]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 
-from propel_core.domain import grade_attempt
+from propel_core.domain import label_task
 from propel_core.errors import PropelError
 from propel_core.records import JsonlWriter, Label, Task, iter_jsonl
 from propel_core.run import Run, log
@@ -33,7 +33,6 @@ def label(run: Run) -> None:
     if todo:
         domain = run.domain()
         backend = run.backend("solver")
-        band = (config.label.band_low, config.label.band_high)
         with JsonlWriter(path) as out, run.progress("label", total=len(tasks)) as advance:
             advance(len(tasks) - len(todo))
             for start in range(0, len(todo), config.solver.batch_size):
@@ -43,8 +42,7 @@ def label(run: Run) -> None:
                 seed = config.seed + zlib.crc32(chunk[0].id.encode())
                 completions = backend.generate(prompts, config.solver.sampling, n=config.label.k, seed=seed)
                 for task, attempts in zip(chunk, completions, strict=True):
-                    graded = [grade_attempt(domain, task, text) for text in attempts]
-                    out.write(Label.from_attempts(task.id, graded, band, config.label.min_valid_attempts))
+                    out.write(label_task(domain, task, attempts, config.label))
                 advance(len(chunk))
     print(summary(list(iter_jsonl(path, Label)), config.label.k))
 
