@@ -12,6 +12,7 @@ from typing import Any
 from propel_core.backend import ModelBackend
 from propel_core.config import PropelConfig, dump_config
 from propel_core.domain import Domain
+from propel_core.errors import PropelError
 from propel_core.plugins import Registry
 
 log = logging.getLogger("propel")
@@ -27,6 +28,13 @@ class Run:
     @property
     def dir(self) -> Path:
         return self.config.run_dir
+
+    def input(self, name: str, made_by: str) -> Path:
+        """A file an earlier stage writes into the run folder; missing, it names the stage to run."""
+        path = self.dir / name
+        if not path.exists():
+            raise PropelError(f"{path} does not exist: run `propel {made_by}` first")
+        return path
 
     def save_config(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -27,9 +27,7 @@ def extract(run: Run) -> None:
     from safetensors.torch import save_file
 
     probe = run.config.probe
-    tasks_path = run.dir / "tasks.jsonl"
-    if not tasks_path.exists():
-        raise PropelError(f"{tasks_path} does not exist: run `propel generate` first")
+    tasks_path = run.input("tasks.jsonl", made_by="generate")
     tasks = [task for task in iter_jsonl(tasks_path, Task) if task.text is not None]
     folder = run.dir / "activations"
     reference = run.config.reference

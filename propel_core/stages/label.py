@@ -11,7 +11,6 @@ import zlib
 from collections import Counter
 
 from propel_core.domain import label_task
-from propel_core.errors import PropelError
 from propel_core.records import JsonlWriter, Label, Task, iter_jsonl
 from propel_core.run import Run, log
 
@@ -19,9 +18,7 @@ from propel_core.run import Run, log
 def label(run: Run) -> None:
     """Run the solver K times on every valid task and grade each attempt -> labels.jsonl."""
     config = run.config
-    tasks_path = run.dir / "tasks.jsonl"
-    if not tasks_path.exists():
-        raise PropelError(f"{tasks_path} does not exist: run `propel generate` first")
+    tasks_path = run.input("tasks.jsonl", made_by="generate")
     tasks = [task for task in iter_jsonl(tasks_path, Task) if task.validity.valid]
     if not tasks:
         log.warning("no valid tasks in %s to label; see the generate funnel", tasks_path)
