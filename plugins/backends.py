@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from propel_core import hookimpl
-from propel_core.backend import HiddenStates, Prompt, as_messages, as_text, prefill
+from propel_core.backend import HiddenStates, Prompt, prompt_text
 from propel_core.config import ModelConfig, Sampling
 from propel_core.embedded import EMBEDDED_MODEL_ID, resolve_model
 from propel_core.errors import PropelError
@@ -34,6 +34,11 @@ class TransformersBackend:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(path, revision=model.revision, dtype=dtype)
+        if model.adapter:  # merged once: sampling then runs at the base model's speed
+            from peft import PeftModel
+
+            self.model_id += f"+{model.adapter}"
+            self.model = PeftModel.from_pretrained(self.model, model.adapter).merge_and_unload()
         self.model.to(self.device).eval()
         self.num_layers = self.model.config.num_hidden_layers
 
@@ -41,14 +46,7 @@ class TransformersBackend:
 
     def prompt_text(self, prompt: Prompt) -> str:
         """The exact text fed to the model for ``prompt`` (chat template applied when configured)."""
-        if not self.config.chat_template:
-            return as_text(prompt)
-        if self.tokenizer.chat_template is None:
-            raise PropelError(f"model {self.model_id!r} has no chat template; set chat_template: false for this role")
-        messages = as_messages(prompt)
-        if prefill(prompt):  # a prefilled answer start: continue it, open no new turn
-            return self.tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return prompt_text(self.tokenizer, prompt, self.config.chat_template, self.model_id)
 
     def generate(
         self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | None = None

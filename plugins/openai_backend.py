@@ -36,6 +36,11 @@ class OpenAIBackend:
             raise PropelError("the openai backend needs base_url, e.g. http://localhost:8000/v1")
         if model.model is None:
             raise PropelError("the openai backend needs model: the name the endpoint serves")
+        if model.adapter:
+            raise PropelError(
+                "the openai backend cannot apply a local adapter: serve it from the endpoint "
+                "(e.g. vllm serve --lora-modules) and name it as model"
+            )
         self.config, self.model_id, self.timeout = model, model.model, timeout
         self.url = model.base_url.rstrip("/")
         self.api_key = os.environ.get(model.api_key_env)

@@ -25,6 +25,7 @@ def register_reward_rules(register):
     register("wco", wco)
     register("adversarial", adversarial)
     register("solver_in_the_loop", solver_in_the_loop)
+    register("partial_instrumentation", partial_instrumentation)
 
 
 def _score(scores: Mapping[str, object], key: str) -> float:
@@ -86,4 +87,19 @@ def solver_in_the_loop(config: RewardConfig) -> Rule:
     K live solver attempts; no probe. It exists to measure what the probe saves."""
     rule = _gated(config, lambda scores: _score(scores, "solver_utility"))
     rule.needs = frozenset({"solver_utility"})
+    return rule
+
+
+def partial_instrumentation(config: RewardConfig) -> Rule:
+    """Seed 002's partial-credit reward: a valid task with a finite ``reward.valid_score`` earns that
+    score; any other generation earns partial_base + partial_step * (workflow markers it reached), so
+    a policy that writes no valid task yet still sees which generations got further."""
+
+    def rule(task: Task, scores: Mapping[str, object]) -> float:
+        value = scores.get(config.valid_score)
+        if task.validity.valid and value is not None and math.isfinite(float(value)):
+            return float(value)
+        return config.partial_base + config.partial_step * _score(scores, "markers")
+
+    rule.needs = frozenset({"markers", config.valid_score})
     return rule

@@ -30,7 +30,14 @@ class VLLMBackend:
             ) from None
         self.config = model
         self.model_id = model.model or EMBEDDED_MODEL_ID
-        self.llm = LLM(model=resolve_model(model.model), revision=model.revision, dtype=model.dtype)
+        self.llm = LLM(model=resolve_model(model.model), revision=model.revision, dtype=model.dtype,
+                       enable_lora=model.adapter is not None)  # fmt: skip
+        self.lora = None
+        if model.adapter:
+            from vllm.lora.request import LoRARequest
+
+            self.model_id += f"+{model.adapter}"
+            self.lora = LoRARequest("adapter", 1, model.adapter)
 
     def generate(
         self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | None = None
@@ -48,7 +55,7 @@ class VLLMBackend:
         results: list[list[str] | None] = [None] * len(prompts)
         if not self.config.chat_template:
             texts = [as_text(p) for p in prompts]
-            for i, output in enumerate(self.llm.generate(texts, params, use_tqdm=False)):
+            for i, output in enumerate(self.llm.generate(texts, params, use_tqdm=False, lora_request=self.lora)):
                 results[i] = [completion.text for completion in output.outputs]
             return results
         # prefilled and fresh conversations differ in one engine flag, so they go as two calls
@@ -58,7 +65,7 @@ class VLLMBackend:
                 continue
             conversations = [as_messages(prompts[i]) for i in chosen]
             outputs = self.llm.chat(conversations, params, use_tqdm=False, add_generation_prompt=not continuing,
-                                    continue_final_message=continuing)  # fmt: skip
+                                    continue_final_message=continuing, lora_request=self.lora)  # fmt: skip
             for i, output in zip(chosen, outputs, strict=True):
                 results[i] = [completion.text for completion in output.outputs]
         return results

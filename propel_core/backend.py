@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from propel_core.config import Sampling
+from propel_core.errors import PropelError
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +31,19 @@ def prefill(prompt: Prompt) -> str:
     if isinstance(prompt, list) and prompt and prompt[-1]["role"] == "assistant":
         return prompt[-1]["content"]
     return ""
+
+
+def prompt_text(tokenizer, prompt: Prompt, chat_template: bool, model_id: str) -> str:
+    """The exact text a Hugging Face model is fed for ``prompt``: its chat template applied (a
+    prefilled answer start is continued, not closed), or the plain text when ``chat_template`` is off."""
+    if not chat_template:
+        return as_text(prompt)
+    if tokenizer.chat_template is None:
+        raise PropelError(f"model {model_id!r} has no chat template; set chat_template: false for this role")
+    messages = as_messages(prompt)
+    if prefill(prompt):
+        return tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
 @dataclass

@@ -66,21 +66,24 @@ def _start(ctx: click.Context, config: tuple[str, ...], overrides: tuple[str, ..
 
 
 def _run_stages(run, names) -> None:
-    from propel_core.stages import STAGES
+    from propel_core.stages import FOLLOW_UPS, STAGES
 
     for name in names:
         logging.getLogger("propel").info("== %s -> %s", name, run.dir)
-        STAGES[name](run)
+        {**STAGES, **FOLLOW_UPS}[name](run)
 
 
 def _run_demo_stages(run, names) -> None:
-    """Like _run_stages, but a stage left without enough data ends the demo with the reason, not an error."""
+    """Like _run_stages, but a stage left without enough data ends the demo with the reason, not an
+    error, and the report is written either way."""
     from propel_core.errors import NotEnoughData
+    from propel_core.stages import report
 
     try:
         _run_stages(run, names)
     except NotEnoughData as exc:
         click.echo(f"\nthe demo stopped: {exc}")
+        report(run)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -105,7 +108,11 @@ def demo(ctx: click.Context, run_dir: str, overrides: tuple[str, ...]) -> None:
     with_dir = (f"run_dir={Path(run_dir)}", *overrides)
     run = _start(ctx, (str(DEMO_CONFIG),), with_dir)
     _run_demo_stages(run, STAGES)
-    click.echo(f"\ndemo finished; everything it wrote is in {run.dir}/")
+    table = run.dir / "eval" / "table.md"
+    if table.exists():
+        click.echo(f"\nbase vs trained, from real solver runs on {run.config.evaluate.num_tasks} tasks per arm:")
+        click.echo(table.read_text())
+    click.echo(f"demo finished; the report is {run.dir / 'report.html'}, everything else in {run.dir}/")
 
 
 def _stage_command(name: str, stage) -> click.Command:
@@ -121,9 +128,9 @@ def _stage_command(name: str, stage) -> click.Command:
 
 def _add_stage_commands() -> None:
     # stage modules are light (heavy imports happen inside the stages), so --help stays fast
-    from propel_core.stages import STAGES
+    from propel_core.stages import FOLLOW_UPS, STAGES
 
-    for name, stage in STAGES.items():
+    for name, stage in {**STAGES, **FOLLOW_UPS}.items():
         cli.add_command(_stage_command(name, stage))
 
 

@@ -45,6 +45,7 @@ class ModelConfig(Section):
     model: str | None = Field(None, description="Hugging Face id or local path; null = embedded default")
     backend: str = component("model_backends", "transformers")
     revision: str | None = None
+    adapter: str | None = Field(None, description="a LoRA adapter folder applied on top of the model")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = Field("auto", description="auto, cpu, cuda, cuda:1, mps")
     chat_template: bool = Field(True, description="wrap prompts in the model's chat template")
@@ -117,7 +118,22 @@ class RewardConfig(Section):
     overflow_reward: float = Field(0.0, description="reward when the task overflows the context")
     clip_low: float = 0.1
     clip_high: float = 0.95
+    main_probe: str | None = Field(None, description="the scorer the rules read; null = RUN/probes/selected")
     probes: list[str] = Field(default_factory=list, description="extra probe bundles (ensemble, auxiliary)")
+    # partial_instrumentation (seed 002): invalid -> partial_base + partial_step * markers reached
+    partial_base: float = -10.0
+    partial_step: float = 0.1
+    valid_score: Literal["verifier_score", "logit", "probability", "solver_utility"] = Field(
+        "verifier_score", description="partial_instrumentation: the score a valid task earns"
+    )
+
+
+class ReplayConfig(Section):
+    strategy: Literal["none", "round_robin", "top_k", "stable_uniform", "previous_step"] = "none"
+    slots: int = Field(1, gt=0, description="fresh completions per group swapped for replayed ones")
+    min_reward: float = Field(0.5, description="the admission threshold")
+    comparison: Literal[">", ">="] = Field(">", description="strict > keeps exact-threshold generations out")
+    capacity: int = Field(8, gt=0, description="generations kept per prompt (the best)")
 
 
 class TrainConfig(Section):
@@ -137,17 +153,79 @@ class TrainConfig(Section):
     lora_target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
-    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "grpo"
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo"] = "grpo"
     epsilon_low: float = Field(0.2, gt=0)
     epsilon_high: float | None = None
     checkpoint_every: int = Field(10, gt=0)
     use_vllm: bool = False
+    vllm_mode: Literal["colocate", "server"] = Field(
+        "colocate", description="TRL's vLLM generation: in the training process, or a `trl vllm-serve` server"
+    )
+    vllm_server_base_url: str | None = None
     report_to: str = "none"
+    replay: ReplayConfig = ReplayConfig()
 
 
 class EvaluateConfig(Section):
     num_tasks: int = Field(1024, gt=0)
     k: int = Field(8, gt=0)
+
+
+class CoevolveConfig(Section):
+    mode: Literal["adversarial", "wco"] = Field(
+        "adversarial", description="adversarial: auxiliary probe on mined false positives; wco: probe ensemble"
+    )
+    false_positive_probability: float = Field(
+        0.5, gt=0, lt=1, description="a valid out-of-band task the probe scores at least this high is a false positive"
+    )
+    dominant_topic: bool = Field(True, description="also count the trained policy's most common topic as negatives")
+    ensemble_size: int = Field(2, ge=2, description="wco: probes in the ensemble, the selected one included")
+
+
+class RankConfig(Section):
+    score: Literal["band_distance", "solve_rate"] = Field(
+        "band_distance", description="the verifier score that orders pairs"
+    )
+    architecture: str = component("probe_architectures", "linear")
+    held_out: float = Field(0.2, gt=0, lt=1, description="share of tasks held out for the metrics")
+    max_pairs: int = Field(20_000, gt=0)
+    epochs: int = Field(20, gt=0)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(1e-4, ge=0)
+    batch_size: int = Field(64, gt=0)
+    refresh: bool = Field(False, description="refresh the saved ranker on the trained policy's verified tasks")
+
+
+class SolveTrainConfig(Section):
+    name: str = Field("trained-tasks", description="the run's folder: RUN/solve/NAME/")
+    tasks: str = Field("eval/trained/tasks.jsonl", description="training tasks (relative to run_dir, or absolute)")
+    in_band_only: bool = Field(True, description="only tasks whose labels.jsonl beside them says in band")
+    held_out: str = Field("tasks.jsonl", description="held-out tasks: its valid tasks not among the training tasks")
+    held_out_tasks: int = Field(64, gt=0)
+    algorithm: Literal["rloo", "grpo"] = "rloo"
+    steps: int = Field(100, gt=0, description="seed 001: 100 steps")
+    group_size: int = Field(8, gt=1, description="seed 001: 8")
+    per_device_batch: int = Field(8, gt=0)
+    lr: float = Field(1e-5, gt=0, description="seed 001: 1e-5")
+    beta: float = Field(0.0, ge=0)
+    temperature: float = Field(1.0, gt=0)
+    max_completion_length: int = Field(512, gt=0)
+    eval_k: int = Field(16, gt=0, description="attempts per held-out task (pass@k for k up to this)")
+    baseline: str | None = Field(None, description="another solve run's NAME to compare with per prompt")
+    context_sampler: str = component("context_samplers", "uniform")
+    sampler_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class SelfTrainConfig(Section):
+    tasks: str = Field("tasks.jsonl", description="the tasks to sample on (valid ones)")
+    k: int = Field(32, gt=0, description="solver attempts per task (seed 001: 32)")
+    max_chars: int = Field(2000, gt=0, description="the length cap")
+    per_task_cap: int = Field(2, gt=0, description="attempts kept per task, shortest first (seed 001: 2, clean: 1)")
+    mix_path: str | None = Field(None, description="original prompt/completion JSONL to mix in")
+    mix_share: float = Field(0.3, ge=0, lt=1, description="share of original rows in the mix (seed 001: 0.3)")
+    steps: int = Field(100, gt=0)
+    lr: float = Field(1e-5, gt=0)
+    batch_size: int = Field(8, gt=0)
 
 
 class PropelConfig(Section):
@@ -167,6 +245,10 @@ class PropelConfig(Section):
     reward: RewardConfig = RewardConfig()
     train: TrainConfig = TrainConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    coevolve: CoevolveConfig = CoevolveConfig()
+    rank: RankConfig = RankConfig()
+    solve_train: SolveTrainConfig = SolveTrainConfig()
+    self_train: SelfTrainConfig = SelfTrainConfig()
 
     @model_validator(mode="after")
     def _reference_defaults_to_generator(self) -> PropelConfig:

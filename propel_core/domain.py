@@ -7,10 +7,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from propel_core.backend import prefill
 from propel_core.records import Context, Label, SolverAttempt, Task, Validity
 
 if TYPE_CHECKING:
-    from propel_core.config import LabelConfig
+    from propel_core.backend import ModelBackend
+    from propel_core.config import LabelConfig, Sampling
     from propel_core.plugins import Registry
 
 Messages = list[dict[str, str]]
@@ -64,7 +66,8 @@ class Domain(ABC):
 
     @abstractmethod
     def solver_prompt(self, payload: dict[str, Any]) -> Messages:
-        """Chat messages asking the solver to solve the task."""
+        """Chat messages asking the solver to solve the task; a final assistant message prefills the
+        start of the attempt, and the attempt graded is that start followed by what the solver wrote."""
 
     @abstractmethod
     def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:
@@ -72,6 +75,15 @@ class Domain(ABC):
 
     def topic(self, payload: dict[str, Any]) -> str | None:
         """A coarse topic, for the top-topic diversity metric; None when the domain has none."""
+        return None
+
+    def markers_reached(self, generation: str) -> list[str]:
+        """Which of ``workflow_markers`` the generation reached (partial credit for invalid ones)."""
+        return []
+
+    def verifier_score(self, payload: dict[str, Any]) -> float | None:
+        """A valid task's own verifier score (seed 002: the held-out metric of a submission); None
+        when the domain has none."""
         return None
 
 
@@ -106,6 +118,15 @@ def grade_attempt(domain: Domain, task: Task, text: str) -> SolverAttempt:
     """One solver attempt at ``task``, graded by its domain."""
     verdict = domain.grade(task.payload, text)
     return SolverAttempt(text=text, solved=verdict.solved, reason=verdict.reason, diagnostics=verdict.diagnostics)
+
+
+def solve(
+    domain: Domain, backend: ModelBackend, tasks: list[Task], sampling: Sampling, k: int, seed: int | None = None
+) -> list[list[str]]:
+    """``k`` solver attempts at each task, in one batched call, each with the prompt's prefill."""
+    prompts = [domain.solver_prompt(task.payload) for task in tasks]
+    completions = backend.generate(prompts, sampling, n=k, seed=seed)
+    return [[prefill(prompt) + text for text in texts] for prompt, texts in zip(prompts, completions, strict=True)]
 
 
 def label_task(domain: Domain, task: Task, texts: list[str], config: LabelConfig) -> Label:

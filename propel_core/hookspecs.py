@@ -103,8 +103,10 @@ def register_reward_rules(register):
     error, never a silent reward.
 
     A rule may carry a ``needs`` attribute, the set of score names it reads: the scorer then computes
-    only those (``solver_utility``, the real utility from K live solver attempts, for the
-    solver-in-the-loop baseline). Without it the rule gets the probe scores.
+    only those: probe scores, ``solver_utility`` (the real utility from K live solver attempts, for
+    the solver-in-the-loop baseline), ``markers`` (workflow markers the generation reached) and
+    ``verifier_score`` (the domain's own score of a valid task). Without it the rule gets the probe
+    scores.
 
     The run uses the single rule named by ``reward.rule``.
     """

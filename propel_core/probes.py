@@ -206,18 +206,21 @@ class ProbeScorer:
     def logits_of_features(self, x):
         return self.probe.logits(x) / self.bundle.temperature
 
-    def score(self, texts: list[str | list[str]], batch_size: int = 8) -> list[dict[str, float]]:
-        """``logit`` and ``probability`` of the in-band class for each text or trajectory (a list of
-        turns), computed exactly as the extract stage pooled them, with the temperature applied."""
-        import torch
-
+    def features(self, texts: list[str | list[str]], batch_size: int = 8):
+        """The pooled reference activations the head reads, exactly as the extract stage pools them."""
         from propel_core.stages.extract import pooled_activations
 
         layer, pooling = self.bundle.layer, self.bundle.pooling
-        features = pooled_activations(
+        return pooled_activations(
             self.backend, texts, [layer], self.poolers, self.turn_vector, self.bundle.max_length, batch_size
         )[layer, pooling]
-        logits = self.logits_of_features(features)
+
+    def score(self, texts: list[str | list[str]], batch_size: int = 8) -> list[dict[str, float]]:
+        """``logit`` and ``probability`` of the in-band class for each text or trajectory (a list of
+        turns), with the temperature applied."""
+        import torch
+
+        logits = self.logits_of_features(self.features(texts, batch_size))
         return [{"logit": float(logit), "probability": float(torch.sigmoid(logit))} for logit in logits]
 
 

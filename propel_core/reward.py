@@ -14,24 +14,25 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from propel_core.backend import prefill
-from propel_core.domain import label_task, make_task
+from propel_core.backend import prefill as prompt_prefill
+from propel_core.domain import label_task, make_task, solve
 from propel_core.errors import PropelError
 from propel_core.probes import ProbeScorer
 from propel_core.records import Context, Task
+from propel_core.replay import prompt_key
 
-PROBE_SCORES = frozenset({"logit", "probability"})
+PROBE_SCORES = frozenset({"logit", "probability", "ensemble_logits", "auxiliary_logit"})
 
 
 def reads_probe(rule) -> bool:
     """Whether a reward rule reads probe scores: a rule without ``needs`` reads the probe's."""
-    return bool(getattr(rule, "needs", PROBE_SCORES) - {"solver_utility"})
+    return bool(getattr(rule, "needs", PROBE_SCORES) & PROBE_SCORES)
 
 
 class RewardScorer:
     __name__ = "probe_reward"  # TRL names the reward column after the function
 
-    def __init__(self, run, probes: list[ProbeScorer], log_path: Path | None = None):
+    def __init__(self, run, probes: list[ProbeScorer], log_path: Path | None = None, sampler=None, replay=None):
         self.config, self.domain = run.config, run.domain()
         self.run = run
         self.rule = run.component("reward_rules", self.config.reward.rule)(self.config.reward)
@@ -44,16 +45,18 @@ class RewardScorer:
                 f"reward rule {self.config.reward.rule!r} reads probe scores, but no probe bundle was given"
             )
         self.log_path = log_path
+        self.sampler, self.replay = sampler, replay
         self.calls = 0
 
     def __call__(
-        self, prompts, completions, context_id=None, completion_ids=None, trainer_state=None, **_
+        self, prompts, completions, context_id=None, completion_ids=None, trainer_state=None, prefill=None, **_
     ) -> list[float]:
         step = trainer_state.global_step if trainer_state is not None else self.calls
         self.calls += 1
+        starts = prefill or [prompt_prefill(prompt) for prompt in prompts]
         tasks = [
-            self.task(i, step, prompt, completion, context_id)
-            for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True))
+            self.task(i, step, start, completion, context_id)
+            for i, (start, completion) in enumerate(zip(starts, completions, strict=True))
         ]
         scores = self.scores(tasks)
         limit = self.config.train.max_completion_length
@@ -63,28 +66,57 @@ class RewardScorer:
                 rewards.append(self.config.reward.overflow_reward)
             else:
                 rewards.append(self.rule(task, scores[i]))
-        self.log(step, tasks, rewards, scores)
+        if self.sampler is not None and context_id:
+            self.sampler.update([self.contexts[c] for c in context_id], rewards)
+        replayed = self.remember(step, prompts, completions, completion_ids, rewards)
+        self.log(step, tasks, rewards, scores, replayed)
         return rewards
+
+    def remember(self, step: int, prompts, completions, completion_ids, rewards: list[float]) -> int:
+        """Offer this batch's fresh generations to the replay buffer; the number that were replays."""
+        if self.replay is None or completion_ids is None:
+            return 0
+        replayed = 0
+        for prompt, completion, ids, reward in zip(prompts, completions, completion_ids, rewards, strict=True):
+            key = prompt_key(prompt)
+            if (key, tuple(ids)) in self.replay.replayed:
+                replayed += 1
+            else:
+                self.replay.add(key, (list(ids), completion), reward, step)
+        return replayed
 
     @property
     def solver(self):
         return self.run.backend("solver")
 
-    def task(self, i: int, step: int, prompt, completion, context_ids) -> Task:
+    def task(self, i: int, step: int, start: str, completion, context_ids) -> Task:
+        """The task completion ``i`` wrote; ``start`` is the prefilled answer start it continues."""
         text = completion if isinstance(completion, str) else completion[-1]["content"]
         context = self.contexts.get(context_ids[i]) if context_ids else None
         context = context or Context(id="unknown", data={})
-        return make_task(f"rl-{step}-{i}", self.domain, context, prefill(prompt) + text, "policy", self.predicates)
+        return make_task(f"rl-{step}-{i}", self.domain, context, start + text, "policy", self.predicates)
 
     def scores(self, tasks: list[Task]) -> list[dict[str, Any]]:
         """The scores the rule needs: probe scores of every task the reference can read (valid or not:
-        probe_only needs both), and/or the live solver utility of every valid task."""
+        probe_only needs both), the live solver utility and the domain's verifier score of every valid
+        task, the number of workflow markers every generation reached."""
         out: list[dict[str, Any]] = [{} for _ in tasks]
+        if reads_probe(self.rule):
+            self.probe_scores(tasks, out)
         if "solver_utility" in self.needs:
             for i, utility in self.solver_utilities(tasks).items():
                 out[i]["solver_utility"] = utility
-        if reads_probe(self.rule):
-            self.probe_scores(tasks, out)
+        for i, task in enumerate(tasks):
+            if "markers" in self.needs:
+                out[i]["markers"] = len(self.domain.markers_reached(task.generation))
+            if "verifier_score" in self.needs and task.validity.valid:
+                score = self.domain.verifier_score(task.payload)
+                if score is None:
+                    raise PropelError(
+                        f"domain {self.domain.name!r} gives no verifier score; set reward.valid_score to one of "
+                        "logit, probability, solver_utility"
+                    )
+                out[i]["verifier_score"] = score
         return out
 
     def solver_utilities(self, tasks: list[Task]) -> dict[int, float]:
@@ -92,8 +124,8 @@ class RewardScorer:
         valid = [i for i, task in enumerate(tasks) if task.validity.valid]
         if not valid:
             return {}
-        prompts = [self.domain.solver_prompt(tasks[i].payload) for i in valid]
-        attempts = self.solver.generate(prompts, self.config.solver.sampling, n=self.config.label.k)
+        attempts = solve(self.domain, self.solver, [tasks[i] for i in valid], self.config.solver.sampling,
+                         self.config.label.k)  # fmt: skip
         labels = [
             label_task(self.domain, tasks[i], texts, self.config.label)
             for i, texts in zip(valid, attempts, strict=True)
@@ -115,7 +147,7 @@ class RewardScorer:
             if len(per_probe) > 1:
                 out[i]["auxiliary_logit"] = per_probe[1][position]["logit"]
 
-    def log(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict]) -> None:
+    def log(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], replayed: int = 0) -> None:
         """Reward mean/std, validity rate, degenerate groups (all rewards equal), probe score spread."""
         group = self.config.train.group_size
         groups = [rewards[i : i + group] for i in range(0, len(rewards), group)]
@@ -129,6 +161,10 @@ class RewardScorer:
             "probe_probability_mean": statistics.fmean(probabilities) if probabilities else None,
             "probe_probability_std": statistics.pstdev(probabilities) if probabilities else None,
         }
+        if self.replay is not None:
+            entry |= {"replayed": replayed, "replay_admitted": self.replay.admitted}
+        if self.sampler is not None and hasattr(self.sampler, "diagnostics"):
+            entry["sampler"] = self.sampler.diagnostics()
         if self.log_path is not None:
             with self.log_path.open("a") as handle:
                 handle.write(json.dumps(entry) + "\n")

@@ -14,7 +14,7 @@ def test_help_lists_verbs(propel_cli):
 def test_plugins_json(propel_cli):
     plugins = {p["name"]: p for p in json.loads(propel_cli("plugins", "--json").stdout)["plugins"]}
     assert plugins["propel_plugins.rewards"]["registers"]["reward_rules"] == [
-        "adversarial", "hard", "probe_only", "soft", "solver_in_the_loop", "wco",
+        "adversarial", "hard", "partial_instrumentation", "probe_only", "soft", "solver_in_the_loop", "wco",
     ]  # fmt: skip
     assert plugins["countdown"]["registers"]["domains"] == ["countdown"]
     assert plugins["countdown"]["version"] == "0.1.0"
@@ -24,7 +24,7 @@ def test_plugins_json(propel_cli):
 def test_plugins_table(propel_cli):
     out = propel_cli("plugins").stdout
     assert (
-        "propel_plugins.rewards 0.1.0\n  reward rules: adversarial, hard, probe_only, soft, solver_in_the_loop, wco"
+        "propel_plugins.rewards 0.1.0\n  reward rules: adversarial, hard, partial_instrumentation, probe_only, soft, solver_in_the_loop, wco"
         in out
     )
 
@@ -38,7 +38,7 @@ def test_bad_config_fails_before_models_load(propel_cli, tmp_path):
     assert "Traceback" not in result.stderr
     result = propel_cli("run", str(config), "reward.rule=wc0", check=False)
     assert (
-        "unknown reward rule 'wc0'; installed: adversarial, hard, probe_only, soft, solver_in_the_loop, wco"
+        "unknown reward rule 'wc0'; installed: adversarial, hard, partial_instrumentation, probe_only, soft, solver_in_the_loop, wco"
         in result.stderr
     )
     assert not (tmp_path / "run").exists()  # nothing written for a config that does not validate

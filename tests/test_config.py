@@ -50,7 +50,7 @@ def test_wrong_reward_name_lists_installed(config_file, registry):
     with pytest.raises(ConfigError) as err:
         load_config(config_file, ["reward.rule=wc0"], registry)
     assert (
-        "reward.rule: unknown reward rule 'wc0'; installed: adversarial, hard, probe_only, soft, solver_in_the_loop, wco"
+        "reward.rule: unknown reward rule 'wc0'; installed: adversarial, hard, partial_instrumentation, probe_only, soft, solver_in_the_loop, wco"
         in str(err.value)
     )
 
@@ -73,7 +73,7 @@ def test_bad_value_names_key_and_value(config_file, registry):
         load_config(config_file, ["label.k=-2", "train.loss_type=ppo"], registry)
     message = str(err.value)
     assert "label.k = -2: Input should be greater than 0" in message
-    assert "train.loss_type = 'ppo'" in message and "'grpo', 'dr_grpo', 'dapo' or 'bnpo'" in message
+    assert "train.loss_type = 'ppo'" in message and "'grpo', 'dr_grpo', 'dapo', 'bnpo', 'cispo' or 'sapo'" in message
 
 
 def test_band_must_be_ordered(registry):

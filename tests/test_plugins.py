@@ -20,10 +20,18 @@ def test_builtins_are_ordinary_plugins(plugin_manager):
 
 def test_builtins_register_by_kind(registry):
     assert registry.names("model_backends") == ["openai", "transformers", "vllm"]
-    assert registry.names("reward_rules") == ["adversarial", "hard", "probe_only", "soft", "solver_in_the_loop", "wco"]
+    assert registry.names("reward_rules") == [
+        "adversarial",
+        "hard",
+        "partial_instrumentation",
+        "probe_only",
+        "soft",
+        "solver_in_the_loop",
+        "wco",
+    ]
     assert "mean_last_50" in registry.names("poolers")
     assert registry.names("probe_architectures") == ["deep_mlp", "linear", "mlp"]
-    assert registry.names("context_samplers") == ["uniform"]
+    assert registry.names("context_samplers") == ["progress", "uniform"]
 
 
 def test_every_kind_has_a_hook():
@@ -56,7 +64,7 @@ def test_unknown_name_lists_installed(registry):
         registry.get("reward_rules", "wc0")
     message = str(err.value)
     assert message.startswith(
-        "unknown reward rule 'wc0'; installed: adversarial, hard, probe_only, soft, solver_in_the_loop, wco"
+        "unknown reward rule 'wc0'; installed: adversarial, hard, partial_instrumentation, probe_only, soft, solver_in_the_loop, wco"
     )
     assert "did you mean 'wco'" in message
 
@@ -65,7 +73,15 @@ def test_describe_groups_by_plugin(registry):
     described = {entry["name"]: entry for entry in registry.describe()}
     rewards = described["propel_plugins.rewards"]
     assert rewards["registers"] == {
-        "reward_rules": ["adversarial", "hard", "probe_only", "soft", "solver_in_the_loop", "wco"]
+        "reward_rules": [
+            "adversarial",
+            "hard",
+            "partial_instrumentation",
+            "probe_only",
+            "soft",
+            "solver_in_the_loop",
+            "wco",
+        ]
     }
     assert rewards["version"] == described["propel_plugins.backends"]["version"] is not None
 

@@ -75,3 +75,36 @@ def test_solver_in_the_loop_uses_the_live_utility(rule):
     assert sil(task(False), {}) == -0.2
     with pytest.raises(RewardError, match="needs the score 'solver_utility'"):
         sil(task(True), {"logit": 2.0})
+
+
+def test_partial_instrumentation_gives_invalid_tasks_credit_per_marker(rule):
+    partial = rule("partial_instrumentation")
+    assert partial(task(False), {"markers": 3}) == pytest.approx(-10 + 0.3)
+    assert partial(task(False), {"markers": 0}) == -10
+    assert partial(task(True), {"markers": 5, "verifier_score": 0.62}) == 0.62
+    # a valid task without a finite score is treated like an invalid one (seed 002)
+    assert partial(task(True), {"markers": 5, "verifier_score": math.nan}) == pytest.approx(-9.5)
+    chosen = rule("partial_instrumentation", valid_score="logit", partial_base=-1.0, partial_step=0.5)
+    assert chosen(task(True), {"markers": 1, "logit": 2.0}) == 2.0
+    assert chosen(task(False), {"markers": 1, "logit": 2.0}) == -0.5
+    with pytest.raises(RewardError, match="markers"):
+        partial(task(False), {})
+
+
+def test_rules_declare_the_scores_they_need(rule):
+    from propel_core.reward import reads_probe
+
+    assert reads_probe(rule("hard")) and reads_probe(rule("wco"))
+    assert not reads_probe(rule("solver_in_the_loop"))
+    assert not reads_probe(rule("partial_instrumentation"))
+    assert reads_probe(rule("partial_instrumentation", valid_score="probability"))
+
+
+def test_countdown_markers_follow_the_validity_funnel(registry):
+    countdown = registry.domain("countdown")
+    assert countdown.markers_reached("nothing here") == []
+    assert countdown.markers_reached("Target: 10") == ["target line"]
+    assert countdown.markers_reached("Target: 10\nNumbers: 2, 5") == ["target line", "numbers line", "parsed"]
+    assert countdown.markers_reached("Target: 999\nNumbers: 1, 1, 1") == [
+        "target line", "numbers line", "parsed", "within the rules"]  # fmt: skip
+    assert countdown.markers_reached("Target: 10\nNumbers: 2, 5, 1") == list(countdown.workflow_markers)

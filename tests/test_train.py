@@ -1,4 +1,5 @@
-"""The probe reward scorer and a real 2-step GRPO run with LoRA on the embedded model."""
+"""The loop after the probe: reward scorer, real GRPO steps with LoRA on the embedded model, evaluate,
+report and co-evolution."""
 
 import json
 import shutil
@@ -8,13 +9,16 @@ import pytest
 import torch
 
 from propel_core.config import ModelConfig, validate_config
+from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.plugins import Registry
 from propel_core.probes import load_probe
 from propel_core.reward import RewardScorer
 from propel_core.run import Run
+from propel_core.stages.evaluate import evaluate
 from propel_core.stages.extract import extract
 from propel_core.stages.probe import probe
-from propel_core.stages.train import train
+from propel_core.stages.report import report
+from propel_core.stages.train import train, train_generator
 
 pytestmark = pytest.mark.slow
 
@@ -67,11 +71,19 @@ def test_one_reward_per_completion_and_logged(probed_run, tmp_path):
     assert entry["degenerate_groups"] == 0.0 and entry["reward_mean"] == pytest.approx(statistics.fmean(rewards))
 
 
-def test_two_grpo_steps_update_the_adapter_and_not_the_reference(probed_run):
+@pytest.fixture(scope="module")
+def trained_run(probed_run):
+    """``probed_run`` after two real GRPO steps, with the reference's weights from before them."""
     reference = probed_run.registry.backend(ModelConfig())
     before = {name: value.clone() for name, value in reference.model.state_dict().items()}
     shutil.rmtree(probed_run.dir / "train", ignore_errors=True)
     train(probed_run)
+    return probed_run, before
+
+
+def test_two_grpo_steps_update_the_adapter_and_not_the_reference(trained_run):
+    probed_run, before = trained_run
+    reference = probed_run.registry.backend(ModelConfig())
     folder = probed_run.dir / "train"
     from safetensors.torch import load_file
 
@@ -103,3 +115,195 @@ def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run):
     assert rewards[0] in (0.0, 1.0) and rewards[1] == -0.2
     with pytest.raises(Exception, match="reads probe scores, but no probe bundle was given"):
         RewardScorer(probed_run, probes=[])
+
+
+def test_partial_instrumentation_through_the_scorer(probed_run):
+    from propel_core.config import validate_config as validate
+
+    data = probed_run.config.model_dump(mode="json")
+    data["reward"] = {"rule": "partial_instrumentation", "valid_score": "logit"}
+    run = Run(validate(data, probed_run.registry), probed_run.registry, quiet=True)
+    scorer = scorer_for(run)
+    prompt = run.domain().generator_prompt(run.domain().contexts()[0])
+    completions = [
+        [{"role": "assistant", "content": text}] for text in (" 24\nNumbers: 3, 8, 8", " 99\nNumbers: 1, 1, 1", "?")
+    ]
+    rewards = scorer([prompt] * 3, completions)
+    assert rewards[0] == pytest.approx(scorer.probes[0].score(["Target: 24\nNumbers: 3, 8, 8"])[0]["logit"], abs=1e-4)
+    assert rewards[1] == pytest.approx(-10 + 0.1 * 4)  # target line, numbers line, parsed, within the rules
+    assert rewards[2] == pytest.approx(-10 + 0.1 * 1)  # the prefilled "Target:" line
+
+
+def with_config(run, **sections):
+    from propel_core.config import validate_config as validate
+
+    data = run.config.model_dump(mode="json") | sections
+    return Run(validate(data, run.registry), run.registry, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def evaluated_run(trained_run):
+    run, _ = trained_run
+    run = with_config(run, evaluate={"num_tasks": 6, "k": 2}, solver={"sampling": {"max_new_tokens": 12}},
+                      generator={"sampling": {"max_new_tokens": 24}})  # fmt: skip
+    evaluate(run)
+    return run
+
+
+def test_evaluate_compares_base_and_trained_on_the_same_contexts(evaluated_run):
+    from propel_core.records import Label, Task, read_jsonl
+
+    folder = evaluated_run.dir / "eval"
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert list(metrics) == ["base", "trained"]
+    arms = {arm: read_jsonl(folder / arm / "tasks.jsonl", Task) for arm in metrics}
+    assert [t.context_id for t in arms["base"]] == [t.context_id for t in arms["trained"]]
+    assert arms["trained"][0].generator.endswith("train/adapter") and "+" not in arms["base"][0].generator
+    for arm, values in metrics.items():
+        labels = read_jsonl(folder / arm / "labels.jsonl", Label)
+        valid = [t for t in arms[arm] if t.validity.valid]
+        assert values["generations"] == 6 and values["valid"] == len(valid) == len(labels) == sum(
+            values["solve_counts"]
+        )
+        assert all(len(label.attempts) == 2 for label in labels)
+        assert values["valid_rate"][0] == pytest.approx(len(valid) / 6)
+        assert values["utility"][0] == pytest.approx(sum(label.utility == 1 for label in labels) / 6)
+        for key in ("self_bleu_3", "distinct_3", "top_topic_share"):
+            assert key in values
+    assert "| utility (in band / all) |" in (folder / "table.md").read_text()
+    assert (folder / "solve_counts.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_report_is_one_self_contained_page(evaluated_run):
+    report(evaluated_run)
+    page = (evaluated_run.dir / "report.html").read_text()
+    for heading in ("Configuration", "Data funnel", "Selected probe", "Training", "Base vs trained", "solve count"):
+        assert heading in page
+    assert page.count("src='data:image/png;base64,") == 4  # sweep heatmap, reliability, curves, histograms
+    assert "src='http" not in page and "not available yet" not in page
+
+
+def test_report_names_the_stages_still_to_run(planted_run, tmp_path, registry):
+    folder = planted_run(tmp_path)
+    run = Run(validate_config({"run_dir": str(folder), "domain": {"name": "countdown"}}, registry), registry)
+    report(run)
+    page = (folder / "report.html").read_text()
+    assert "<td>in band</td><td class='n'>64</td>" in page
+    for stage in ("probe", "train", "evaluate"):
+        assert f"run <code>propel {stage}</code>" in page
+
+
+def test_coevolve_mines_false_positives_and_retrains_with_the_adversarial_rule(evaluated_run, tmp_path):
+    from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, read_jsonl
+    from propel_core.stages.coevolve import coevolve
+
+    copy = tmp_path / "run"
+    shutil.copytree(evaluated_run.dir, copy, ignore=shutil.ignore_patterns("eval", "checkpoint-*"))
+    run = with_config(evaluated_run, run_dir=str(copy), train={**evaluated_run.config.train.model_dump(), "steps": 1},
+                      coevolve={"dominant_topic": False})  # fmt: skip
+    # the trained policy's solver-labeled tasks: the corpus's own puzzles, none solved in 2 attempts
+    corpus = read_jsonl(copy / "tasks.jsonl", Task)[:24]
+    main = load_probe(copy / "probes" / "selected", run.registry)
+    scores = main.score([task.text for task in corpus])
+    (copy / "eval" / "trained").mkdir(parents=True)
+    with JsonlWriter(copy / "eval" / "trained" / "tasks.jsonl") as tasks, \
+            JsonlWriter(copy / "eval" / "trained" / "labels.jsonl") as labels:  # fmt: skip
+        for task in corpus:
+            tasks.write(task)
+            labels.write(Label.from_attempts(task.id, [SolverAttempt(text="", solved=False)] * 2, (1 / 8, 3 / 8), 1))
+    coevolve(run)
+    expected = sum(score["probability"] >= 0.5 for score in scores)
+    auxiliary = json.loads((copy / "coevolve" / "auxiliary" / "probe.json").read_text())
+    in_band = sum(label.utility == 1 for label in read_jsonl(copy / "labels.jsonl", Label))
+    assert expected > 0 and auxiliary["training_rows"] == int(0.8 * (in_band + expected))
+    assert (auxiliary["layer"], auxiliary["pooling"]) == (main.bundle.layer, main.bundle.pooling)
+    assert (copy / "coevolve" / "train" / "adapter" / "adapter_model.safetensors").exists()
+    (step,) = [json.loads(line) for line in (copy / "coevolve" / "train" / "reward_log.jsonl").read_text().splitlines()]
+    assert 0 <= step["validity_rate"] <= 1
+
+
+@pytest.fixture(scope="module")
+def other_family_policy(tmp_path_factory):
+    """A tiny GPT-2 with its own byte-level BPE tokenizer (300 tokens) and chat template: another
+    model family than the SmolLM2 reference, random weights."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("gpt2-policy")
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<pad>", "<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    bpe.train_from_iterator(["Target: 24\nNumbers: 3, 8, 8", "Write one new puzzle with 4 numbers."] * 20, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=1024, n_embd=32, n_layer=2, n_head=2,
+                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_cold_transfer_trains_another_family_against_the_fixed_probe(probed_run, other_family_policy, tmp_path):
+    from safetensors.torch import load_file
+
+    run = with_config(probed_run, generator={"model": str(other_family_policy)},
+                      train={**probed_run.config.train.model_dump(), "steps": 1,
+                             "lora_target_modules": ["c_attn", "c_proj", "c_fc"]})  # fmt: skip
+    train_generator(run, tmp_path / "train")
+    adapter = load_file(tmp_path / "train" / "adapter" / "adapter_model.safetensors")
+    assert any("c_attn" in name for name in adapter) and not any("q_proj" in name for name in adapter)
+    (step,) = [json.loads(line) for line in (tmp_path / "train" / "reward_log.jsonl").read_text().splitlines()]
+    assert 0 <= step["validity_rate"] <= 1
+    # the reward came from the SmolLM2 reference the probe was trained on, whatever wrote the text
+    assert load_probe(probed_run.dir / "probes" / "selected").bundle.reference_model == EMBEDDED_MODEL_ID
+
+
+def test_rank_learns_the_planted_ordering_and_refreshes_on_policy_tasks(probed_run, tmp_path):
+    from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, read_jsonl
+    from propel_core.stages.rank import rank
+
+    copy = tmp_path / "run"
+    shutil.copytree(probed_run.dir, copy, ignore=shutil.ignore_patterns("train", "eval", "coevolve"))
+    run = with_config(probed_run, run_dir=str(copy))
+    rank(run)
+    summary = json.loads((copy / "ranker" / "metrics.json").read_text())
+    assert summary["before"] is None and summary["held_out_pairs"] > 0
+    assert summary["after"]["pair_accuracy"] > 0.7  # in band = target above the median: readable
+    scorer = load_probe(copy / "ranker", run.registry)
+    high, low = scorer.score(["Target: 900\nNumbers: 25, 36, 1", "Target: 4\nNumbers: 2, 2, 1"])
+    assert high["logit"] > low["logit"]
+    # on-policy refresh: the "trained policy" wrote the corpus's tasks, and its solver found the
+    # opposite ordering (low targets in band): the refresh must move the ranker towards it
+    (copy / "eval" / "trained").mkdir(parents=True)
+    tasks = read_jsonl(copy / "tasks.jsonl", Task)
+    labels = {label.task_id: label for label in read_jsonl(copy / "labels.jsonl", Label)}
+    with JsonlWriter(copy / "eval" / "trained" / "tasks.jsonl") as task_out, \
+            JsonlWriter(copy / "eval" / "trained" / "labels.jsonl") as label_out:  # fmt: skip
+        for task in tasks:
+            task_out.write(task)
+            solved = 0 if labels[task.id].utility else 2
+            attempts = [SolverAttempt(text="", solved=j < solved) for j in range(8)]
+            label_out.write(Label.from_attempts(task.id, attempts, (1 / 8, 3 / 8), 1))
+    rank(with_config(run, rank={"refresh": True, "epochs": 40}))
+    refresh = json.loads((copy / "ranker" / "refresh.json").read_text())
+    assert refresh["before"]["pair_accuracy"] < 0.3 < refresh["after"]["pair_accuracy"]
+
+
+def test_grpo_with_replay_and_the_progress_sampler(probed_run, tmp_path):
+    train_config = {**probed_run.config.train.model_dump(), "steps": 2,
+                    "replay": {"strategy": "top_k", "min_reward": -100.0, "comparison": ">=", "slots": 1}}  # fmt: skip
+    generate = {"context_sampler": "progress", "sampler_options": {"buckets": "prompt"}}
+    domain = {"name": "countdown", "options": {"num_contexts": 1}}  # one prompt: step 2 repeats step 1's
+    run = with_config(probed_run, train=train_config, generate=generate, domain=domain)
+    train_generator(run, tmp_path / "train")
+    first, second = [json.loads(line) for line in (tmp_path / "train" / "reward_log.jsonl").read_text().splitlines()]
+    assert (first["replayed"], first["replay_admitted"]) == (0, 4)  # every reward >= -100 is admitted
+    assert (second["replayed"], second["replay_admitted"]) == (1, 7)  # one slot replayed, three fresh admitted
+    assert second["sampler"]["buckets_with_data"] == 1  # the trainer fed the rewards back to the sampler
+    assert second["sampler"]["bucket_probabilities"] == {"countdown-000": 1.0}

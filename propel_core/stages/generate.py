@@ -8,10 +8,11 @@ tasks still missing.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
-from propel_core.backend import prefill
+from propel_core.backend import ModelBackend, prefill
 from propel_core.domain import make_task
-from propel_core.records import JsonlWriter, Task, iter_jsonl
+from propel_core.records import Context, JsonlWriter, Task, iter_jsonl
 from propel_core.run import Run, log
 
 
@@ -21,33 +22,44 @@ def task_id(index: int) -> str:
 
 def generate(run: Run) -> None:
     """Sample tasks from the generator, parse them and check validity -> tasks.jsonl."""
-    config = run.config
-    domain = run.domain()
-    sampler_factory = run.component("context_samplers", config.generate.context_sampler)
-    sampler = sampler_factory(domain.contexts(), seed=config.seed, **config.generate.sampler_options)
-    contexts = sampler.sample(config.generate.num_tasks)
-    predicates = {name: run.component("validity_predicates", name) for name in domain.validity_predicates}
+    tasks = sample_tasks(run, run.backend("generator"), draw_contexts(run), run.dir / "tasks.jsonl")
+    print(funnel(tasks))
 
-    path = run.dir / "tasks.jsonl"
+
+def draw_contexts(run: Run) -> list[Context]:
+    """``generate.num_tasks`` contexts from the configured sampler, seeded by the run's seed."""
+    config = run.config
+    sampler_factory = run.component("context_samplers", config.generate.context_sampler)
+    sampler = sampler_factory(run.domain().contexts(), seed=config.seed, **config.generate.sampler_options)
+    return sampler.sample(config.generate.num_tasks)
+
+
+def sample_tasks(run: Run, backend: ModelBackend, contexts: list[Context], path: Path) -> list[Task]:
+    """One task per context from ``backend``, appended to ``path``; tasks already there are kept.
+
+    Generation ``i`` is seeded by its position, so a resumed run, or another model given the same
+    contexts, samples with the seeds the first one used.
+    """
+    config, domain = run.config, run.domain()
+    predicates = {name: run.component("validity_predicates", name) for name in domain.validity_predicates}
     done = {task.id for task in iter_jsonl(path, Task)}
     todo = [(i, context) for i, context in enumerate(contexts) if task_id(i) not in done]
     if done:
-        log.info("tasks.jsonl already has %d tasks; %d to go", len(done), len(todo))
+        log.info("%s already has %d tasks; %d to go", path.name, len(done), len(todo))
     if todo:
-        backend = run.backend("generator")
+        path.parent.mkdir(parents=True, exist_ok=True)
         batch_size = config.generator.batch_size
-        with JsonlWriter(path) as out, run.progress("generate", total=len(contexts)) as advance:
+        with JsonlWriter(path) as out, run.progress(f"generate ({backend.model_id})", total=len(contexts)) as advance:
             advance(len(contexts) - len(todo))
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start : start + batch_size]
                 prompts = [domain.generator_prompt(context) for _, context in chunk]
-                # seeded by position, so a resumed run samples what the first run would have
                 completions = backend.generate(prompts, config.generator.sampling, seed=config.seed + chunk[0][0])
                 for (index, context), prompt, (text,) in zip(chunk, prompts, completions, strict=True):
                     generation = prefill(prompt) + text
                     out.write(make_task(task_id(index), domain, context, generation, backend.model_id, predicates))
                 advance(len(chunk))
-    print(funnel(list(iter_jsonl(path, Task))))
+    return list(iter_jsonl(path, Task))
 
 
 def funnel(tasks: list[Task]) -> str:

@@ -9,24 +9,29 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
+from pathlib import Path
 
-from propel_core.domain import label_task
+from propel_core.domain import label_task, solve
 from propel_core.records import JsonlWriter, Label, Task, iter_jsonl
 from propel_core.run import Run, log
 
 
 def label(run: Run) -> None:
     """Run the solver K times on every valid task and grade each attempt -> labels.jsonl."""
-    config = run.config
     tasks_path = run.input("tasks.jsonl", made_by="generate")
     tasks = [task for task in iter_jsonl(tasks_path, Task) if task.validity.valid]
     if not tasks:
         log.warning("no valid tasks in %s to label; see the generate funnel", tasks_path)
-    path = run.dir / "labels.jsonl"
+    print(summary(label_tasks(run, tasks, run.dir / "labels.jsonl"), run.config.label.k))
+
+
+def label_tasks(run: Run, tasks: list[Task], path: Path) -> list[Label]:
+    """Label ``tasks`` (valid ones) into ``path``, skipping every task that already has a label there."""
+    config = run.config
     done = {existing.task_id for existing in iter_jsonl(path, Label)}
     todo = [task for task in tasks if task.id not in done]
     if done:
-        log.info("labels.jsonl already has %d labels; %d tasks to go", len(done), len(todo))
+        log.info("%s already has %d labels; %d tasks to go", path.name, len(done), len(todo))
     if todo:
         domain = run.domain()
         backend = run.backend("solver")
@@ -34,14 +39,13 @@ def label(run: Run) -> None:
             advance(len(tasks) - len(todo))
             for start in range(0, len(todo), config.solver.batch_size):
                 chunk = todo[start : start + config.solver.batch_size]
-                prompts = [domain.solver_prompt(task.payload) for task in chunk]
                 # all K attempts of every task in one call; seeded by the chunk's first task id
                 seed = config.seed + zlib.crc32(chunk[0].id.encode())
-                completions = backend.generate(prompts, config.solver.sampling, n=config.label.k, seed=seed)
+                completions = solve(domain, backend, chunk, config.solver.sampling, config.label.k, seed)
                 for task, attempts in zip(chunk, completions, strict=True):
                     out.write(label_task(domain, task, attempts, config.label))
                 advance(len(chunk))
-    print(summary(list(iter_jsonl(path, Label)), config.label.k))
+    return list(iter_jsonl(path, Label))
 
 
 def summary(labels: list[Label], k: int) -> str:

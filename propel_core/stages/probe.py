@@ -90,7 +90,7 @@ def probe(run: Run) -> None:
                                     "train_rows": len(train),
                                 }
                                 runs.append(result)
-                                kept.setdefault((layer, pooling, architecture, balance), (trained, x, val))
+                                kept.setdefault((layer, pooling, architecture, balance), (trained, x, val, test))
                         cell = {"layer": layer, "pooling": pooling, "architecture": architecture, "balance": balance}
                         cells.append(cell | {key: _mean([r[key] for r in runs]) for key in runs[0]})
                         advance(1)
@@ -101,8 +101,10 @@ def probe(run: Run) -> None:
     heatmap(folder / "sweep_heatmap.png", cells, probe_config)
     chosen = select(cells, probe_config)
     key = (chosen["layer"], chosen["pooling"], chosen["architecture"], chosen["balance"])
-    trained, x, val = kept[key]
+    trained, x, val, test = kept[key]
     temperature = fit_temperature(trained.logits(x[val]), y[val]) if probe_config.calibrate else 1.0
+    held_out = torch.cat([val, test])
+    reliability(folder / "reliability.png", y[held_out], torch.sigmoid(trained.logits(x[held_out]) / temperature))
     reference = config.reference.model or EMBEDDED_MODEL_ID
     bundle = ProbeBundle(
         reference_model=reference, layer=chosen["layer"], pooling=chosen["pooling"],
@@ -215,6 +217,36 @@ def heatmap(path, cells: list[dict], config) -> None:
     axes[0][0].set_ylabel("layer")
     figure.colorbar(image, ax=axes[0].tolist(), label="validation balanced accuracy")
     figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+
+
+def reliability(path, y, probabilities, bins: int = 10) -> None:
+    """Reliability diagram of the selected probe on its held-out rows: in-band rate per probability bin."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    centers, rates, counts = [], [], []
+    for b in range(bins):
+        low, high = b / bins, (b + 1) / bins
+        inside = (probabilities >= low) & ((probabilities < high) if b < bins - 1 else (probabilities <= high))
+        if inside.any():
+            centers.append(float(probabilities[inside].mean()))
+            rates.append(float(y[inside].float().mean()))
+            counts.append(int(inside.sum()))
+    figure, axis = plt.subplots(figsize=(4.5, 4.5))
+    axis.plot([0, 1], [0, 1], color="grey", linestyle="--", label="perfect calibration")
+    axis.scatter(centers, rates, s=[20 + 8 * c for c in counts], label="bins (size = rows)")
+    axis.plot(centers, rates)
+    axis.set_xlim(0, 1)
+    axis.set_ylim(0, 1)
+    axis.set_xlabel("calibrated probe probability")
+    axis.set_ylabel("in-band rate")
+    axis.set_title(f"selected probe, {len(y)} held-out rows")
+    axis.legend(loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
     plt.close(figure)
 
 

@@ -9,25 +9,33 @@ Multi-GPU: ``accelerate launch -m propel_core.cli train CONFIG`` with the same c
 
 from __future__ import annotations
 
+import itertools
 import json
+from pathlib import Path
 
+from propel_core.backend import prefill, prompt_text
 from propel_core.embedded import resolve_model
 from propel_core.errors import PropelError
 from propel_core.probes import load_probe
+from propel_core.replay import ReplayBuffer, replaying
 from propel_core.reward import RewardScorer, reads_probe
 from propel_core.run import Run, log
 
 
 def train(run: Run) -> None:
     """GRPO + LoRA on the generator with the probe reward -> train/ (adapter, logs)."""
+    train_generator(run, run.dir / "train")
+
+
+def train_generator(run: Run, folder: Path) -> None:
+    """GRPO + LoRA on the generator with the configured reward rule and probes -> ``folder``."""
     import torch
-    from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     config, train_config = run.config, run.config.train
-    bundle = run.dir / "probes" / "selected"
+    bundle = Path(config.reward.main_probe) if config.reward.main_probe else run.dir / "probes" / "selected"
     uses_probe = reads_probe(run.component("reward_rules", config.reward.rule)(config.reward))
     if uses_probe and not (bundle / "probe.json").exists():
         raise PropelError(f"no probe bundle in {bundle}: run `propel probe` first")
@@ -37,24 +45,26 @@ def train(run: Run) -> None:
             f"train.per_device_batch x train.gradient_accumulation ({generation_batch}) must be a multiple of "
             f"train.group_size ({train_config.group_size})"
         )
-    folder = run.dir / "train"
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / "reward_log.jsonl").unlink(missing_ok=True)  # a rerun trains from the base model again
     bundles = [bundle, *config.reward.probes] if uses_probe else []
     probes = [load_probe(path, run.registry) for path in bundles]
-    scorer = RewardScorer(run, probes, log_path=folder / "reward_log.jsonl")
-
     domain = run.domain()
     sampler = run.component("context_samplers", config.generate.context_sampler)(
         domain.contexts(), seed=config.seed, **config.generate.sampler_options
     )
-    prompts_needed = max(1, train_config.steps * generation_batch // train_config.group_size)
-    contexts = sampler.sample(prompts_needed)
-    dataset = Dataset.from_list([{"prompt": domain.generator_prompt(c), "context_id": c.id} for c in contexts])
+    replay = train_config.replay
+    buffer = None
+    if replay.strategy != "none":
+        buffer = ReplayBuffer(replay.strategy, replay.min_reward, replay.comparison, replay.capacity, config.seed)
+    scorer = RewardScorer(run, probes, log_path=folder / "reward_log.jsonl", sampler=sampler, replay=buffer)
 
     path = resolve_model(config.generator.model)
     tokenizer = AutoTokenizer.from_pretrained(path, revision=config.generator.revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+
+    dataset = sampled_prompts(sampler, domain.generator_prompt, tokenizer, config.generator.chat_template, str(path))
     policy = AutoModelForCausalLM.from_pretrained(path, revision=config.generator.revision)
     lora = LoraConfig(
         r=train_config.lora_r,
@@ -82,11 +92,15 @@ def train(run: Run) -> None:
         logging_steps=1,
         report_to=train_config.report_to,
         use_vllm=train_config.use_vllm,
+        vllm_mode=train_config.vllm_mode,
+        vllm_server_base_url=train_config.vllm_server_base_url,
         use_cpu=not torch.cuda.is_available(),
         seed=config.seed,
+        shuffle_dataset=False,  # a shuffle buffer would draw a thousand prompts ahead of the rewards
         disable_tqdm=run.quiet,
     )
-    trainer = GRPOTrainer(
+    trainer_class = replaying(GRPOTrainer, buffer, replay.slots) if buffer else GRPOTrainer
+    trainer = trainer_class(
         model=policy,
         reward_funcs=scorer,
         args=arguments,
@@ -94,12 +108,38 @@ def train(run: Run) -> None:
         processing_class=tokenizer,
         peft_config=lora,
     )
-    log.info("GRPO: %d steps, %d prompts x %d generations", train_config.steps, len(dataset), train_config.group_size)
+    prompts_per_step = generation_batch // train_config.group_size
+    log.info("GRPO: %d steps, %d prompts x %d generations each", train_config.steps, prompts_per_step,
+             train_config.group_size)  # fmt: skip
+    train_and_save(trainer, folder)
+    rewards = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
+    print(f"trained {train_config.steps} steps; reward mean first {rewards[0]['reward_mean']:.3f}, "
+          f"last {rewards[-1]['reward_mean']:.3f}; adapter in {folder / 'adapter'}")  # fmt: skip
+
+
+def sampled_prompts(sampler, messages_of, tokenizer, chat_template: bool, model_id: str):
+    """An endless dataset of prompts for a TRL trainer, each context drawn from ``sampler`` when the
+    trainer asks for the next batch, so a sampler that learns from the last step's rewards
+    (``progress``) shapes the next one. Prompts are the exact text the policy reads (TRL would close a
+    prefilled assistant message and open a new turn); ``prefill`` and ``context_id`` ride along for
+    the reward function."""
+    from datasets import IterableDataset
+    from datasets.iterable_dataset import ExamplesIterable
+
+    def rows():
+        for index in itertools.count():
+            (context,) = sampler.sample(1)
+            messages = messages_of(context)
+            text = prompt_text(tokenizer, messages, chat_template, model_id)
+            yield index, {"prompt": text, "prefill": prefill(messages), "context_id": context.id}
+
+    return IterableDataset(ExamplesIterable(rows, {}))  # (from_generator would try to hash the sampler)
+
+
+def train_and_save(trainer, folder: Path) -> None:
+    """Run a TRL trainer, save its LoRA adapter to ``folder/adapter`` and its metrics to ``log.jsonl``."""
     trainer.train()
     trainer.save_model(str(folder / "adapter"))
     with (folder / "log.jsonl").open("w") as handle:
         for entry in trainer.state.log_history:
             handle.write(json.dumps(entry) + "\n")
-    rewards = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
-    print(f"trained {train_config.steps} steps; reward mean first {rewards[0]['reward_mean']:.3f}, "
-          f"last {rewards[-1]['reward_mean']:.3f}; adapter in {folder / 'adapter'}")  # fmt: skip

@@ -32,6 +32,8 @@ class Countdown(Domain):
     """Puzzles of 3-6 numbers and a target; a solver answers with an expression in <answer> tags."""
 
     validity_predicates = ("countdown_rules", "countdown_solvable")
+    #: the validity funnel, step by step: partial credit for how far an invalid puzzle got
+    workflow_markers = ("target line", "numbers line", "parsed", "within the rules", "solvable")
 
     def __init__(
         self,
@@ -41,6 +43,7 @@ class Countdown(Domain):
         max_target: int = 1000,
         num_contexts: int = 64,
         max_attempt_chars: int = 4000,
+        direct_answer: bool = False,
         seed: int = 1234,
     ):
         if not 2 <= min_numbers <= max_numbers <= 6:
@@ -48,6 +51,7 @@ class Countdown(Domain):
         self.min_numbers, self.max_numbers = min_numbers, max_numbers
         self.max_number, self.max_target = max_number, max_target
         self.max_attempt_chars = max_attempt_chars
+        self.direct_answer = direct_answer
         self._contexts = _make_contexts(num_contexts, seed, self)
 
     def contexts(self) -> list[Context]:
@@ -93,20 +97,27 @@ class Countdown(Domain):
 
     def solver_prompt(self, payload: dict[str, Any]) -> Messages:
         numbers = ", ".join(map(str, payload["numbers"]))
+        task = (
+            f"Using the numbers {numbers}, write an arithmetic expression that equals {payload['target']}. "
+            "You may use +, -, *, / and parentheses, and each number at most once. "
+        )
+        if self.direct_answer:  # the attempt starts inside the answer tag: no room to think
+            return [
+                {"role": "user", "content": task + "Give only the expression inside <answer> </answer> tags."},
+                {"role": "assistant", "content": "<answer>"},
+            ]
         return [
             {
                 "role": "user",
-                "content": (
-                    f"Using the numbers {numbers}, write an arithmetic expression that equals "
-                    f"{payload['target']}. You may use +, -, *, / and parentheses, and each number at most "
-                    "once. Think it through, then give only the final expression inside <answer> </answer> "
-                    "tags, for example <answer>(3 + 5) * 2</answer>."
-                ),
+                "content": task + "Think it through, then give only the final expression inside <answer> </answer> "
+                "tags, for example <answer>(3 + 5) * 2</answer>.",
             }
         ]
 
     def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:
         answers = ANSWER.findall(attempt)
+        if not answers and self.direct_answer and attempt.startswith("<answer>"):
+            answers = [attempt.removeprefix("<answer>").strip().split("\n", 1)[0]]  # an unclosed tag ends at the line
         diagnostics = {
             "missing_answer": not answers,
             "multiple_answers": len(answers) > 1,
@@ -115,12 +126,27 @@ class Countdown(Domain):
         if not answers:
             return Verdict(False, "no <answer> tag", diagnostics)
         try:
-            value = evaluate(answers[-1], payload["numbers"])
+            value = evaluate(answers[-1].split("=", 1)[0], payload["numbers"])  # "3 + 5 = 8" states its value
         except ExpressionError as exc:
             return Verdict(False, str(exc), diagnostics)
         if value != payload["target"]:
             return Verdict(False, f"expression equals {value}, not {payload['target']}", diagnostics)
         return Verdict(True, None, diagnostics)
+
+    def markers_reached(self, generation: str) -> list[str]:
+        reached = [name for name, line in (("target line", TARGET_LINE), ("numbers line", NUMBERS_LINE))
+                   if line.search(generation)]  # fmt: skip
+        try:
+            task = Task(id="", domain=self.name, context_id="", generation=generation, generator="",
+                        payload=self.parse(generation), validity=Validity.ok())  # fmt: skip
+        except ParseError:
+            return reached
+        reached.append("parsed")
+        if check_rules(task, self).valid:
+            reached.append("within the rules")
+            if check_solvable(task, self).valid:
+                reached.append("solvable")
+        return reached
 
     def topic(self, payload: dict[str, Any]) -> str:
         magnitude = len(str(abs(payload["target"])))

@@ -165,3 +165,23 @@ def test_grader_never_raises(expression):
     domain, _ = shared()
     verdict = domain.grade({"numbers": [3, 8, 8], "target": 24}, f"<answer>{expression}</answer>")
     assert verdict.solved in (True, False)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "solved"),
+    [
+        ("<answer>3 * 8</answer>", True),
+        ("<answer>3 * 8 = 24", True),  # unclosed: the answer ends at the line, its stated value is dropped
+        ("<answer>8 + 8 = 24\nno, 3 * 8", False),
+        ("<answer>24</answer>", False),
+        ("<answer>\n3 * 8\nthat is 24", True),  # leading blank lines are skipped
+    ],
+)
+def test_direct_answer_prefills_the_tag_and_grades_the_first_line(registry, attempt, solved):
+    direct = registry.domain("countdown", direct_answer=True, num_contexts=1)
+    prompt = direct.solver_prompt({"numbers": [3, 8, 8], "target": 24})
+    assert prompt[-1] == {"role": "assistant", "content": "<answer>"}
+    assert direct.grade({"numbers": [3, 8, 8], "target": 24}, attempt).solved is solved
+    assert (
+        registry.domain("countdown", num_contexts=1).solver_prompt({"numbers": [3], "target": 3})[-1]["role"] == "user"
+    )

@@ -1,0 +1,1 @@
+"""Arithmetic exercises ("Compute: 23 + 48") as a propel domain."""

@@ -1,0 +1,174 @@
+"""The arithmetic domain: the generator writes one exercise, the solver answers with a number.
+
+Small solvers land such exercises anywhere between always and never solved (single-digit sums
+almost always, two-digit products almost never), so the target band is reachable even for the
+embedded 135M model: this is the quick-start demo's domain. Expressions are read with the countdown
+package's exact evaluator (``ast``, never ``eval``).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from propel_core import hookimpl
+from propel_core.domain import Domain, Messages, ParseError, Verdict
+from propel_core.records import Context, Task, Validity
+from propel_countdown.arithmetic import ExpressionError, evaluate
+
+
+@hookimpl
+def register_domains(register):
+    register("arithmetic", Arithmetic)
+
+
+@hookimpl
+def register_validity_predicates(register):
+    register("arithmetic_well_formed", check_well_formed)
+
+
+COMPUTE = re.compile(r"compute\s*:?[ \t]*([^\n]*)", re.IGNORECASE)
+INTEGER = re.compile(r"\d+")
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+OPERATOR = re.compile(r"[-+*/]")
+OPERATOR_NAMES = {"+": "addition", "-": "subtraction", "*": "multiplication", "/": "division"}
+
+
+class Arithmetic(Domain):
+    """Exercises of 1..``max_operators`` operations on integers up to ``max_operand``."""
+
+    validity_predicates = ("arithmetic_well_formed",)
+    workflow_markers = ("compute line", "parsed", "evaluates", "within limits")
+
+    def __init__(
+        self,
+        max_operators: int = 2,
+        max_operand: int = 100,
+        max_value: int = 10_000,
+        num_contexts: int = 48,
+        seed: int = 7,
+    ):
+        if max_operators < 1 or max_operand < 2:
+            raise ValueError(f"need max_operators >= 1 and max_operand >= 2, got {max_operators}, {max_operand}")
+        self.max_operators, self.max_operand, self.max_value = max_operators, max_operand, max_value
+        self._contexts = _make_contexts(num_contexts, seed, self)
+
+    def contexts(self) -> list[Context]:
+        return self._contexts
+
+    def generator_prompt(self, context: Context) -> Messages:
+        examples = "\n".join(f"Compute: {example}" for example in context.data["examples"])
+        return [
+            {
+                "role": "user",
+                "content": (
+                    "You write arithmetic exercises for a student: whole numbers, +, -, * and /, and "
+                    f"at most {self.max_operators} operations. Two examples:\n\n{examples}\n\n"
+                    "Write one new exercise in exactly this format and nothing else:\nCompute: <expression>"
+                ),
+            },
+            {"role": "assistant", "content": "Compute:"},
+        ]
+
+    def parse(self, generation: str) -> dict[str, Any]:
+        match = COMPUTE.search(generation)
+        if match is None:
+            raise ParseError("no 'Compute:' line")
+        expression = match.group(1).split("=", 1)[0].strip().rstrip("?. ")  # "6 / 6 = 1" gives its answer away
+        if not expression:
+            raise ParseError("the 'Compute:' line is empty")
+        return {"expression": expression}
+
+    def render(self, payload: dict[str, Any]) -> str:
+        return f"Compute: {payload['expression']}"
+
+    def solver_prompt(self, payload: dict[str, Any]) -> Messages:
+        return [
+            {"role": "user", "content": f"Compute {payload['expression']}. Reply with the number only."},
+            {"role": "assistant", "content": "Answer:"},
+        ]
+
+    def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:
+        """The answer is the last number on the attempt's first line ("12 + 7 = 19" answers 19)."""
+        first_line = attempt.removeprefix("Answer:").strip().split("\n", 1)[0]
+        numbers = NUMBER.findall(first_line)
+        diagnostics = {"missing_answer": not numbers}
+        if not numbers:
+            return Verdict(False, "no number on the answer line", diagnostics)
+        value = value_of(payload["expression"])
+        answer = float(numbers[-1])
+        if answer != value:
+            return Verdict(False, f"answered {numbers[-1]}, the value is {value}", diagnostics)
+        return Verdict(True, None, diagnostics)
+
+    def topic(self, payload: dict[str, Any]) -> str:
+        operators = sorted({OPERATOR_NAMES[op] for op in OPERATOR.findall(payload["expression"])})
+        return " and ".join(operators) or "a bare number"
+
+    def markers_reached(self, generation: str) -> list[str]:
+        if COMPUTE.search(generation) is None:
+            return []
+        try:
+            payload = self.parse(generation)
+        except ParseError:
+            return ["compute line"]
+        reached = ["compute line", "parsed"]
+        try:
+            value_of(payload["expression"])
+        except ExpressionError:
+            return reached
+        reached.append("evaluates")
+        task = Task(id="", domain=self.name, context_id="", generation=generation, generator="", payload=payload,
+                    validity=Validity.ok())  # fmt: skip
+        if check_well_formed(task, self).valid:
+            reached.append("within limits")
+        return reached
+
+
+def value_of(expression: str):
+    """The exact value of an expression over any integers (each literal is allowed once as written)."""
+    return evaluate(expression, [int(n) for n in INTEGER.findall(expression)])
+
+
+def check_well_formed(task: Task, domain: Arithmetic) -> Validity:
+    expression = task.payload["expression"]
+    try:
+        value = value_of(expression)
+    except ExpressionError as exc:
+        return Validity.reject(str(exc))
+    operators = len(OPERATOR.findall(expression))
+    if not 1 <= operators <= domain.max_operators:
+        return Validity.reject(f"needs 1-{domain.max_operators} operations, has {operators}")
+    if any(int(n) > domain.max_operand for n in INTEGER.findall(expression)):
+        return Validity.reject(f"operands must be at most {domain.max_operand}")
+    if value != int(value) or abs(value) > domain.max_value:
+        return Validity.reject(f"the value must be a whole number of at most {domain.max_value} in size")
+    return Validity.ok()
+
+
+def _make_contexts(count: int, seed: int, domain: Arithmetic) -> list[Context]:
+    """Each context shows two exercises of one shape: operation count and operand size."""
+    rng = random.Random(seed)
+    contexts = []
+    for index in range(count):
+        operations = rng.randint(1, domain.max_operators)
+        digits = rng.choice((1, 2)) if domain.max_operand >= 10 else 1
+        examples = [_exercise(rng, operations, digits, domain) for _ in range(2)]
+        bucket = f"{operations} operation{'s' * (operations > 1)}, {digits}-digit"
+        contexts.append(Context(id=f"arithmetic-{index:03d}", data={"examples": examples}, bucket=bucket))
+    return contexts
+
+
+def _exercise(rng: random.Random, operations: int, digits: int, domain: Arithmetic) -> str:
+    """A well-formed exercise: a division only where it comes out whole."""
+    high = min(domain.max_operand, 10**digits - 1)
+    while True:
+        parts = [str(rng.randint(2, high))]
+        for _ in range(operations):
+            parts += [rng.choice("+-*/"), str(rng.randint(2, high))]
+        expression = " ".join(parts)
+        task = Task(id="", domain="arithmetic", context_id="", generation="", generator="",
+                    payload={"expression": expression}, validity=Validity.ok())  # fmt: skip
+        if check_well_formed(task, domain).valid:
+            return expression

@@ -1,0 +1,131 @@
+"""The arithmetic domain: contexts, parsing, validity, grading, topics and workflow markers."""
+
+import functools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from propel_core.domain import ParseError, make_task
+
+
+@pytest.fixture
+def domain(registry):
+    return registry.domain("arithmetic")
+
+
+@pytest.fixture
+def predicates(registry, domain):
+    return {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+
+
+def test_shows_up_in_propel_plugins(registry):
+    described = {p["name"]: p for p in registry.describe()}
+    assert described["arithmetic"]["registers"] == {
+        "domains": ["arithmetic"],
+        "validity_predicates": ["arithmetic_well_formed"],
+    }
+
+
+def test_contexts_show_two_well_formed_exercises(domain, predicates):
+    contexts = domain.contexts()
+    assert len(contexts) == 48 and len({c.id for c in contexts}) == 48
+    assert {c.bucket for c in contexts} == {"1 operation, 1-digit", "1 operation, 2-digit",
+                                            "2 operations, 1-digit", "2 operations, 2-digit"}  # fmt: skip
+    for context in contexts:
+        for example in context.data["examples"]:
+            task = make_task("t", domain, context, f"Compute: {example}", "m", predicates)
+            assert task.validity.valid, (example, task.validity.reason)
+    prompt = domain.generator_prompt(contexts[0])
+    assert prompt[-1] == {"role": "assistant", "content": "Compute:"}
+    assert contexts[0].data["examples"][0] in prompt[0]["content"]
+
+
+@pytest.mark.parametrize(
+    ("generation", "expression"),
+    [
+        ("Compute: 12 + 7", "12 + 7"),
+        ("Compute: 6 / 6 = 1", "6 / 6"),  # the answer is not part of the exercise
+        ("Compute:  23 * 4?\nmore text", "23 * 4"),
+        ("compute 5 - 2.", "5 - 2"),
+    ],
+)
+def test_parse(domain, generation, expression):
+    assert domain.parse(generation) == {"expression": expression}
+    assert domain.render(domain.parse(generation)) == f"Compute: {expression}"
+
+
+@pytest.mark.parametrize("generation", ["no exercise here", "Compute:", "Compute: = 4"])
+def test_parse_rejects(domain, generation):
+    with pytest.raises(ParseError):
+        domain.parse(generation)
+
+
+@pytest.mark.parametrize(
+    ("expression", "reason"),
+    [
+        ("12 + 7", None),
+        ("(5 + 3) * 2", None),
+        ("2 - 9", None),  # negative values are fine
+        ("7", "needs 1-2 operations, has 0"),
+        ("1 + 2 + 3 + 4", "needs 1-2 operations, has 3"),
+        ("150 + 2", "operands must be at most 100"),
+        ("7 / 2", "the value must be a whole number of at most 10000 in size"),
+        ("99 * 99 * 99", "the value must be a whole number of at most 10000 in size"),
+        ("x + 1", "only integers and + - * / are allowed, found Name"),
+        ("5 / 0", "division by zero"),
+        ("2 ** 8", "only integers and + - * / are allowed, found BinOp"),
+    ],
+)
+def test_validity(domain, predicates, expression, reason):
+    task = make_task("t", domain, domain.contexts()[0], f"Compute: {expression}", "m", predicates)
+    assert task.validity.valid is (reason is None)
+    if reason:
+        assert task.validity.reason == f"arithmetic_well_formed: {reason}"
+
+
+@pytest.mark.parametrize(
+    ("attempt", "solved"),
+    [
+        ("Answer: 19", True),
+        ("Answer: 12 + 7 = 19", True),  # the last number of the first line
+        ("Answer: 19.0", True),
+        ("Answer: 18\n19", False),  # later lines do not count
+        ("Answer: nineteen", False),
+        ("Answer:", False),
+    ],
+)
+def test_grade(domain, attempt, solved):
+    verdict = domain.grade({"expression": "12 + 7"}, attempt)
+    assert verdict.solved is solved
+    assert verdict.diagnostics["missing_answer"] is (attempt in ("Answer: nineteen", "Answer:"))
+    assert domain.solver_prompt({"expression": "12 + 7"})[-1] == {"role": "assistant", "content": "Answer:"}
+
+
+def test_topics_and_markers(domain):
+    assert domain.topic({"expression": "3 * 4 + 2"}) == "addition and multiplication"
+    assert domain.markers_reached("nothing") == []
+    assert domain.markers_reached("Compute: = 4") == ["compute line"]
+    assert domain.markers_reached("Compute: x + 1") == ["compute line", "parsed"]
+    assert domain.markers_reached("Compute: 300 + 1") == ["compute line", "parsed", "evaluates"]
+    assert domain.markers_reached("Compute: 3 + 1") == list(domain.workflow_markers)
+
+
+@functools.cache
+def shared():
+    from propel_core.plugins import Registry
+
+    registry = Registry.build()
+    domain = registry.domain("arithmetic", num_contexts=1)
+    return domain, {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("Compute: 0123456789+-*/()=.x\n")), max_size=60) | st.text(max_size=60))
+def test_parse_validity_grading_never_raise(text):
+    domain, predicates = shared()
+    task = make_task("t", domain, domain.contexts()[0], text, "m", predicates)
+    assert task.validity.valid or task.validity.reason
+    assert isinstance(domain.markers_reached(text), list)
+    if task.validity.valid:
+        assert domain.grade(task.payload, text).solved in (True, False)

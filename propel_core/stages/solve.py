@@ -1,0 +1,267 @@
+"""What the generated tasks are for: training a solver on them (``solve-train``) and verifier-filtered
+self-training (``self-train``, seed 001 section 3.4) -> ``RUN/solve/NAME/`` and ``RUN/self_train/``.
+
+``solve-train`` RL-trains the solver with LoRA (TRL's RLOO or GRPO, reward 1 when the domain's grader
+says solved) on a task set, then evaluates the untrained and the trained solver on held-out tasks:
+average score, unbiased pass@k, zero-success rate, and paired per-prompt comparisons. Running it
+twice with different ``solve_train.tasks`` (say the trained generator's in-band tasks, then the
+base generator's tasks) and ``solve_train.baseline`` set to the first run's name is the downstream
+test of the claim that frontier tasks are better training data.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from propel_core.backend import prefill, prompt_text
+from propel_core.domain import solve
+from propel_core.embedded import resolve_model
+from propel_core.errors import NotEnoughData, PropelError
+from propel_core.evaluation import paired_comparison, pass_at_k
+from propel_core.records import Context, Label, Task, iter_jsonl
+from propel_core.run import Run, log
+from propel_core.stages.train import sampled_prompts, train_and_save
+
+PASS_AT = (1, 4, 8, 16)
+
+
+def task_file(run: Run, name: str) -> Path:
+    path = Path(name) if Path(name).is_absolute() else run.dir / name
+    if not path.exists():
+        raise PropelError(f"{path} does not exist (set the path, or run the stage that writes it)")
+    return path
+
+
+def training_tasks(run: Run, path: Path, in_band_only: bool) -> list[Task]:
+    tasks = [task for task in iter_jsonl(path, Task) if task.validity.valid]
+    if in_band_only:
+        labels = task_file(run, str(path.parent / "labels.jsonl"))
+        in_band = {label.task_id for label in iter_jsonl(labels, Label) if label.utility == 1}
+        tasks = [task for task in tasks if task.id in in_band]
+    if not tasks:
+        raise NotEnoughData(f"no {'in-band ' if in_band_only else ''}valid tasks in {path} to train a solver on")
+    return tasks
+
+
+def held_out_tasks(run: Run, path: Path, exclude: list[Task], count: int) -> list[Task]:
+    """Valid tasks of ``path`` whose text is not among the training tasks', the first ``count``."""
+    seen = {json.dumps(task.text) for task in exclude}
+    tasks = [t for t in iter_jsonl(path, Task) if t.validity.valid and json.dumps(t.text) not in seen][:count]
+    if not tasks:
+        raise NotEnoughData(f"no held-out valid tasks in {path} that are not also training tasks")
+    return tasks
+
+
+def solver_policy(run: Run):
+    """The solver's tokenizer and model, loaded for training, and the path they came from."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    solver = run.config.solver
+    path = resolve_model(solver.model)
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=solver.revision)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, AutoModelForCausalLM.from_pretrained(path, revision=solver.revision), str(path)
+
+
+def lora(run: Run):
+    from peft import LoraConfig
+
+    train = run.config.train
+    return LoraConfig(r=train.lora_r, lora_alpha=train.lora_alpha, lora_dropout=train.lora_dropout,
+                      target_modules=train.lora_target_modules, task_type="CAUSAL_LM")  # fmt: skip
+
+
+def solve_train(run: Run) -> None:
+    """RL-train the solver on a task set and evaluate it on held-out tasks -> solve/NAME/."""
+    import torch
+    from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+
+    config, options = run.config, run.config.solve_train
+    domain = run.domain()
+    folder = run.dir / "solve" / options.name
+    folder.mkdir(parents=True, exist_ok=True)
+    tasks = training_tasks(run, task_file(run, options.tasks), options.in_band_only)
+    held_out = held_out_tasks(run, task_file(run, options.held_out), tasks, options.held_out_tasks)
+    log.info("solver training on %d tasks, evaluation on %d held-out tasks", len(tasks), len(held_out))
+
+    # the training tasks are the sampler's contexts (bucket: the task's topic), so ``progress`` can
+    # steer solver training by the verifier's rewards, as it steers generator training by the probe's
+    contexts = {str(i): Context(id=str(i), data={}, bucket=task.topic or "all") for i, task in enumerate(tasks)}
+    sampler = run.component("context_samplers", options.context_sampler)(
+        list(contexts.values()), seed=config.seed, **options.sampler_options
+    )
+    sampler_log = folder / "sampler_log.jsonl"
+    sampler_log.unlink(missing_ok=True)
+
+    def reward(prompts, completions, prefill, context_id, **_) -> list[float]:
+        verdicts = [domain.grade(tasks[int(i)].payload, start + text)
+                    for start, text, i in zip(prefill, completions, context_id, strict=True)]  # fmt: skip
+        rewards = [1.0 if verdict.solved else 0.0 for verdict in verdicts]
+        sampler.update([contexts[i] for i in context_id], rewards)
+        if hasattr(sampler, "diagnostics"):
+            with sampler_log.open("a") as handle:
+                handle.write(json.dumps(sampler.diagnostics()) + "\n")
+        return rewards
+
+    reward.__name__ = "grader"
+    batch = options.per_device_batch
+    tokenizer, model, path = solver_policy(run)
+    solver_messages = lambda context: domain.solver_prompt(tasks[int(context.id)].payload)  # noqa: E731
+    dataset = sampled_prompts(sampler, solver_messages, tokenizer, config.solver.chat_template, path)
+    config_class, trainer_class = (
+        (RLOOConfig, RLOOTrainer) if options.algorithm == "rloo" else (GRPOConfig, GRPOTrainer)
+    )
+    arguments = config_class(
+        output_dir=str(folder), max_steps=options.steps, learning_rate=options.lr, beta=options.beta,
+        num_generations=options.group_size, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
+        temperature=options.temperature, max_completion_length=options.max_completion_length, logging_steps=1,
+        save_strategy="no", report_to=config.train.report_to, use_cpu=not torch.cuda.is_available(),
+        seed=config.seed, shuffle_dataset=False, disable_tqdm=run.quiet,
+    )  # fmt: skip
+    trainer = trainer_class(model=model, reward_funcs=reward, args=arguments, train_dataset=dataset,
+                            processing_class=tokenizer, peft_config=lora(run))  # fmt: skip
+    train_and_save(trainer, folder)
+    del trainer, model
+
+    per_prompt = {arm: solve_counts(run, held_out, adapter) for arm, adapter in
+                  (("base", None), ("trained", folder / "adapter"))}  # fmt: skip
+    k = options.eval_k
+    metrics = {arm: solver_metrics(counts, k) for arm, counts in per_prompt.items()}
+    rates = {arm: [count / k for count in counts] for arm, counts in per_prompt.items()}
+    comparisons = {"trained_vs_base": paired_comparison(rates["trained"], rates["base"], seed=config.seed)}
+    if options.baseline:
+        other = json.loads(task_file(run, f"solve/{options.baseline}/per_prompt.json").read_text())
+        if other["held_out"] != [task.text for task in held_out]:
+            raise PropelError(f"solve run {options.baseline!r} was evaluated on other held-out tasks; use the same "
+                              "solve_train.held_out and held_out_tasks")  # fmt: skip
+        baseline_rates = [count / other["k"] for count in other["counts"]["trained"]]
+        comparisons[f"trained_vs_{options.baseline}"] = paired_comparison(rates["trained"], baseline_rates,
+                                                                          seed=config.seed)  # fmt: skip
+    (folder / "per_prompt.json").write_text(json.dumps(
+        {"k": k, "held_out": [task.text for task in held_out], "counts": per_prompt}))  # fmt: skip
+    (folder / "metrics.json").write_text(json.dumps({"arms": metrics, "comparisons": comparisons}, indent=2))
+    for arm, values in metrics.items():
+        print(f"{arm:8s} " + "  ".join(f"{key} {value:.3f}" for key, value in values.items()))
+    for name, comparison in comparisons.items():
+        low, high = comparison["ci95"]
+        print(f"{name}: wins {comparison['wins']}, losses {comparison['losses']}, ties {comparison['ties']}, "
+              f"mean difference {comparison['mean_difference']:+.3f} [{low:+.3f}, {high:+.3f}]")  # fmt: skip
+
+
+def solve_counts(run: Run, tasks: list[Task], adapter: Path | None) -> list[int]:
+    """Successes out of ``solve_train.eval_k`` attempts per task, by the solver (with ``adapter``)."""
+    config = run.config
+    model = config.solver.model_copy(update={"adapter": str(adapter) if adapter else None})
+    backend, domain = run.registry.backend(model), run.domain()
+    counts = []
+    with run.progress(f"solve ({backend.model_id})", total=len(tasks)) as advance:
+        for start in range(0, len(tasks), config.solver.batch_size):
+            chunk = tasks[start : start + config.solver.batch_size]
+            attempts = solve(domain, backend, chunk, config.solver.sampling, config.solve_train.eval_k, config.seed)
+            for task, texts in zip(chunk, attempts, strict=True):
+                counts.append(sum(bool(domain.grade(task.payload, text).solved) for text in texts))
+            advance(len(chunk))
+    return counts
+
+
+def solver_metrics(counts: list[int], k: int) -> dict[str, float]:
+    """Average score, unbiased pass@k for k in 1, 4, 8, 16 (those <= attempts), zero-success rate."""
+    metrics = {"average_score": sum(counts) / (k * len(counts))}
+    for at in PASS_AT:
+        if at <= k:
+            metrics[f"pass@{at}"] = sum(pass_at_k(k, c, at) for c in counts) / len(counts)
+    metrics["zero_success_rate"] = sum(c == 0 for c in counts) / len(counts)
+    return metrics
+
+
+def self_train(run: Run) -> None:
+    """Sample K solver attempts per task, keep the verified and clean ones, fine-tune on them (SFT)."""
+    import random
+
+    import torch
+    from trl import SFTConfig, SFTTrainer
+
+    config, options = run.config, run.config.self_train
+    domain = run.domain()
+    folder = run.dir / "self_train"
+    folder.mkdir(parents=True, exist_ok=True)
+    tasks = training_tasks(run, task_file(run, options.tasks), in_band_only=False)
+    backend = run.backend("solver")
+    funnel = {"sampled": 0, "verified correct": 0, "one answer": 0, "within length": 0, "no repeated tags": 0,
+              "after per-task cap": 0}  # fmt: skip
+    kept: list[tuple[Task, str]] = []
+    with run.progress("self-train sampling", total=len(tasks)) as advance:
+        for start in range(0, len(tasks), config.solver.batch_size):
+            chunk = tasks[start : start + config.solver.batch_size]
+            for task, texts in zip(chunk, solve(domain, backend, chunk, config.solver.sampling, options.k,
+                                                config.seed + start), strict=True):  # fmt: skip
+                survivors = keep_clean(domain, task, texts, options, funnel)
+                kept += [(task, text) for text in sorted(survivors, key=len)[: options.per_task_cap]]
+                funnel["after per-task cap"] += min(len(survivors), options.per_task_cap)
+            advance(len(chunk))
+    if not kept:
+        (folder / "filter_report.json").write_text(json.dumps({"funnel": funnel}, indent=2))
+        raise NotEnoughData(f"no attempt survived the filters: {funnel}")
+    tokenizer, model, _ = solver_policy(run)
+    rows = []
+    for task, text in kept:
+        messages = domain.solver_prompt(task.payload)
+        start = prefill(messages)  # the prompt already ends with it; the completion is the rest
+        rows.append({"prompt": prompt_text(tokenizer, messages, config.solver.chat_template, "solver"),
+                     "completion": text[len(start):] + (tokenizer.eos_token or "")})  # fmt: skip
+    mixed = mix(rows, options, seed=config.seed)
+    report = {"funnel": funnel, "self_rows": len(rows), "original_rows": len(mixed) - len(rows), "rows": len(mixed)}
+    (folder / "filter_report.json").write_text(json.dumps(report, indent=2))
+    for step, count in funnel.items():
+        print(f"  {count:6d}  {step}")
+    print(f"fine-tuning on {len(mixed)} rows ({len(rows)} self-generated, {len(mixed) - len(rows)} original)")
+    from datasets import Dataset
+
+    random.Random(config.seed).shuffle(mixed)
+    arguments = SFTConfig(
+        output_dir=str(folder), max_steps=options.steps, learning_rate=options.lr,
+        per_device_train_batch_size=options.batch_size, logging_steps=1, save_strategy="no",
+        report_to=config.train.report_to, use_cpu=not torch.cuda.is_available(), seed=config.seed,
+        completion_only_loss=True, disable_tqdm=run.quiet,
+    )  # fmt: skip
+    trainer = SFTTrainer(model=model, args=arguments, train_dataset=Dataset.from_list(mixed),
+                         processing_class=tokenizer, peft_config=lora(run))  # fmt: skip
+    train_and_save(trainer, folder)
+
+
+def keep_clean(domain, task: Task, texts: list[str], options, funnel: dict[str, int]) -> list[str]:
+    """The attempts that pass each filter in turn, counting what every filter keeps."""
+    survivors = []
+    for text in texts:
+        funnel["sampled"] += 1
+        verdict = domain.grade(task.payload, text)
+        if not verdict.solved:
+            continue
+        funnel["verified correct"] += 1
+        flags = verdict.diagnostics
+        if flags.get("multiple_answers") or flags.get("missing_answer"):
+            continue
+        funnel["one answer"] += 1
+        if len(text) > options.max_chars or flags.get("too_long"):
+            continue
+        funnel["within length"] += 1
+        if text.count("<think>") > 1 or text.count("<answer>") > 1:
+            continue
+        funnel["no repeated tags"] += 1
+        survivors.append(text)
+    return survivors
+
+
+def mix(rows: list[dict], options, seed: int) -> list[dict]:
+    """The self-generated rows plus original rows (``self_train.mix_path``, prompt/completion JSONL)
+    making up ``self_train.mix_share`` of the result (seed 001: 30% naive, 50% clean)."""
+    import random
+
+    if not options.mix_path:
+        return list(rows)
+    original = [json.loads(line) for line in Path(options.mix_path).read_text().splitlines() if line.strip()]
+    wanted = round(len(rows) * options.mix_share / (1 - options.mix_share))
+    chosen = random.Random(seed).sample(original, min(wanted, len(original)))
+    return list(rows) + [{"prompt": row["prompt"], "completion": row["completion"]} for row in chosen]
