@@ -200,7 +200,7 @@ class SolveTrainConfig(Section):
     name: str = Field("trained-tasks", description="the run's folder: RUN/solve/NAME/")
     tasks: str = Field("eval/trained/tasks.jsonl", description="training tasks (relative to run_dir, or absolute)")
     in_band_only: bool = Field(True, description="only tasks whose labels.jsonl beside them says in band")
-    held_out: str = Field("tasks.jsonl", description="held-out tasks: its valid tasks not among the training tasks")
+    held_out: str = Field("tasks.jsonl", description="held-out tasks: its first held_out_tasks valid ones")
     held_out_tasks: int = Field(64, gt=0)
     algorithm: Literal["rloo", "grpo"] = "rloo"
     steps: int = Field(100, gt=0, description="seed 001: 100 steps")

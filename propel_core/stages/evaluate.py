@@ -18,6 +18,10 @@ from propel_core.run import Run, log
 from propel_core.stages.generate import draw_contexts, sample_tasks
 from propel_core.stages.label import label_tasks
 
+#: evaluation draws its contexts and sampling seeds from the run's seed plus this, so the base arm
+#: writes fresh tasks rather than repeating the labeled corpus (both arms share them)
+EVALUATION_SEED_OFFSET = 1_000_003
+
 #: the rows of the side-by-side table: metric key and its heading
 TABLE = (
     ("utility", "utility (in band / all)"),
@@ -46,6 +50,7 @@ def evaluate(run: Run) -> None:
     folder = run.dir / "eval"
     evaluation = config.model_copy(
         update={
+            "seed": config.seed + EVALUATION_SEED_OFFSET,
             "generate": config.generate.model_copy(update={"num_tasks": config.evaluate.num_tasks}),
             "label": config.label.model_copy(update={"k": config.evaluate.k}),
         }

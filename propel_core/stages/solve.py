@@ -44,13 +44,17 @@ def training_tasks(run: Run, path: Path, in_band_only: bool) -> list[Task]:
     return tasks
 
 
-def held_out_tasks(run: Run, path: Path, exclude: list[Task], count: int) -> list[Task]:
-    """Valid tasks of ``path`` whose text is not among the training tasks', the first ``count``."""
-    seen = {json.dumps(task.text) for task in exclude}
-    tasks = [t for t in iter_jsonl(path, Task) if t.validity.valid and json.dumps(t.text) not in seen][:count]
-    if not tasks:
-        raise NotEnoughData(f"no held-out valid tasks in {path} that are not also training tasks")
-    return tasks
+def split_held_out(path: Path, training: list[Task], count: int) -> tuple[list[Task], list[Task]]:
+    """The first ``count`` valid tasks of ``path`` (the same for every run that names the file, so
+    runs compare prompt by prompt), and the training tasks whose text is not among them."""
+    held_out = [task for task in iter_jsonl(path, Task) if task.validity.valid][:count]
+    if not held_out:
+        raise NotEnoughData(f"no valid held-out tasks in {path}")
+    texts = {json.dumps(task.text) for task in held_out}
+    training = [task for task in training if json.dumps(task.text) not in texts]
+    if not training:
+        raise NotEnoughData("every training task is also a held-out task")
+    return held_out, training
 
 
 def solver_policy(run: Run):
@@ -83,7 +87,7 @@ def solve_train(run: Run) -> None:
     folder = run.dir / "solve" / options.name
     folder.mkdir(parents=True, exist_ok=True)
     tasks = training_tasks(run, task_file(run, options.tasks), options.in_band_only)
-    held_out = held_out_tasks(run, task_file(run, options.held_out), tasks, options.held_out_tasks)
+    held_out, tasks = split_held_out(task_file(run, options.held_out), tasks, options.held_out_tasks)
     log.info("solver training on %d tasks, evaluation on %d held-out tasks", len(tasks), len(held_out))
 
     # the training tasks are the sampler's contexts (bucket: the task's topic), so ``progress`` can
