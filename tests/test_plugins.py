@@ -12,6 +12,8 @@ from propel_core.plugins import (
     get_plugin_manager,
 )
 
+REWARD_RULES = ["adversarial", "hard", "partial_instrumentation", "probe_only", "soft", "solver_in_the_loop", "wco"]
+
 
 def test_builtins_are_ordinary_plugins(plugin_manager):
     names = {name for name, _ in plugin_manager.list_name_plugin()}
@@ -20,15 +22,7 @@ def test_builtins_are_ordinary_plugins(plugin_manager):
 
 def test_builtins_register_by_kind(registry):
     assert registry.names("model_backends") == ["openai", "transformers", "vllm"]
-    assert registry.names("reward_rules") == [
-        "adversarial",
-        "hard",
-        "partial_instrumentation",
-        "probe_only",
-        "soft",
-        "solver_in_the_loop",
-        "wco",
-    ]
+    assert registry.names("reward_rules") == REWARD_RULES
     assert "mean_last_50" in registry.names("poolers")
     assert registry.names("probe_architectures") == ["deep_mlp", "linear", "mlp"]
     assert registry.names("context_samplers") == ["progress", "uniform"]
@@ -72,17 +66,7 @@ def test_unknown_name_lists_installed(registry):
 def test_describe_groups_by_plugin(registry):
     described = {entry["name"]: entry for entry in registry.describe()}
     rewards = described["propel_plugins.rewards"]
-    assert rewards["registers"] == {
-        "reward_rules": [
-            "adversarial",
-            "hard",
-            "partial_instrumentation",
-            "probe_only",
-            "soft",
-            "solver_in_the_loop",
-            "wco",
-        ]
-    }
+    assert rewards["registers"] == {"reward_rules": REWARD_RULES}
     assert rewards["version"] == described["propel_plugins.backends"]["version"] is not None
 
 

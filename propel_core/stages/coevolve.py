@@ -16,7 +16,7 @@ import math
 from collections import Counter
 
 from propel_core.errors import NotEnoughData
-from propel_core.probes import load_probe, metrics, save_bundle, train_probe
+from propel_core.probes import fit_temperature, load_probe, metrics, save_bundle, train_probe
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run, log
 from propel_core.stages.extract import load_activations
@@ -109,8 +109,6 @@ def ensemble(run: Run, folder) -> list:
 def _fit_and_save(run: Run, folder, bundle, x, y, seed: int, source: str):
     """Train one probe of the selected cell's architecture on (x, y), report its test metrics, save it."""
     import torch
-
-    from propel_core.probes import fit_temperature
 
     probe_config = run.config.probe
     train, val, test = next(splits(y, [str(i) for i in range(len(y))], "weighted", "random", probe_config, seed))

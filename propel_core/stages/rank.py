@@ -22,7 +22,8 @@ from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run, log
 
 
-def verifier_score(label: Label, config: PropelConfig) -> float:
+def pair_score(label: Label, config: PropelConfig) -> float:
+    """The verifier score that orders pairs (``rank.score``)."""
     rate = label.solve_rate
     if config.rank.score == "solve_rate":
         return rate
@@ -41,7 +42,7 @@ def rank(run: Run) -> None:
     labels = [label for label in iter_jsonl(source / "labels.jsonl", Label) if label.solve_rate is not None]
     tasks = {task.id: task for task in iter_jsonl(source / "tasks.jsonl", Task)}
     labels = [label for label in labels if label.task_id in tasks]
-    scores = torch.tensor([verifier_score(label, config) for label in labels])
+    scores = torch.tensor([pair_score(label, config) for label in labels])
     if len(labels) < 4 or len(scores.unique()) < 2:
         raise NotEnoughData(f"{len(labels)} labeled tasks in {source} with {len(scores.unique())} distinct scores: "
                             "a ranker needs at least 4 tasks and 2 distinct scores")  # fmt: skip

@@ -16,12 +16,11 @@ from pathlib import Path
 
 from propel_core.backend import prefill, prompt_text
 from propel_core.domain import solve
-from propel_core.embedded import resolve_model
 from propel_core.errors import NotEnoughData, PropelError
 from propel_core.evaluation import paired_comparison, pass_at_k
 from propel_core.records import Context, Label, Task, iter_jsonl
 from propel_core.run import Run, log
-from propel_core.stages.train import sampled_prompts, train_and_save
+from propel_core.stages.train import load_policy, lora_config, sampled_prompts, train_and_save
 
 PASS_AT = (1, 4, 8, 16)
 
@@ -55,26 +54,6 @@ def split_held_out(path: Path, training: list[Task], count: int) -> tuple[list[T
     if not training:
         raise NotEnoughData("every training task is also a held-out task")
     return held_out, training
-
-
-def solver_policy(run: Run):
-    """The solver's tokenizer and model, loaded for training, and the path they came from."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    solver = run.config.solver
-    path = resolve_model(solver.model)
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=solver.revision)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer, AutoModelForCausalLM.from_pretrained(path, revision=solver.revision), str(path)
-
-
-def lora(run: Run):
-    from peft import LoraConfig
-
-    train = run.config.train
-    return LoraConfig(r=train.lora_r, lora_alpha=train.lora_alpha, lora_dropout=train.lora_dropout,
-                      target_modules=train.lora_target_modules, task_type="CAUSAL_LM")  # fmt: skip
 
 
 def solve_train(run: Run) -> None:
@@ -111,7 +90,7 @@ def solve_train(run: Run) -> None:
 
     reward.__name__ = "grader"
     batch = options.per_device_batch
-    tokenizer, model, path = solver_policy(run)
+    tokenizer, model, path = load_policy(config.solver)
     solver_messages = lambda context: domain.solver_prompt(tasks[int(context.id)].payload)  # noqa: E731
     dataset = sampled_prompts(sampler, solver_messages, tokenizer, config.solver.chat_template, path)
     config_class, trainer_class = (
@@ -125,7 +104,7 @@ def solve_train(run: Run) -> None:
         seed=config.seed, shuffle_dataset=False, disable_tqdm=run.quiet,
     )  # fmt: skip
     trainer = trainer_class(model=model, reward_funcs=reward, args=arguments, train_dataset=dataset,
-                            processing_class=tokenizer, peft_config=lora(run))  # fmt: skip
+                            processing_class=tokenizer, peft_config=lora_config(config.train))  # fmt: skip
     train_and_save(trainer, folder)
     del trainer, model
 
@@ -208,7 +187,7 @@ def self_train(run: Run) -> None:
     if not kept:
         (folder / "filter_report.json").write_text(json.dumps({"funnel": funnel}, indent=2))
         raise NotEnoughData(f"no attempt survived the filters: {funnel}")
-    tokenizer, model, _ = solver_policy(run)
+    tokenizer, model, _ = load_policy(config.solver)
     rows = []
     for task, text in kept:
         messages = domain.solver_prompt(task.payload)
@@ -231,7 +210,7 @@ def self_train(run: Run) -> None:
         completion_only_loss=True, disable_tqdm=run.quiet,
     )  # fmt: skip
     trainer = SFTTrainer(model=model, args=arguments, train_dataset=Dataset.from_list(mixed),
-                         processing_class=tokenizer, peft_config=lora(run))  # fmt: skip
+                         processing_class=tokenizer, peft_config=lora_config(config.train))  # fmt: skip
     train_and_save(trainer, folder)
 
 

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from propel_core.backend import prefill, prompt_text
+from propel_core.config import ModelConfig, TrainConfig
 from propel_core.embedded import resolve_model
 from propel_core.errors import PropelError
 from propel_core.probes import load_probe
@@ -30,8 +31,6 @@ def train(run: Run) -> None:
 def train_generator(run: Run, folder: Path) -> None:
     """GRPO + LoRA on the generator with the configured reward rule and probes -> ``folder``."""
     import torch
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     config, train_config = run.config, run.config.train
@@ -59,20 +58,8 @@ def train_generator(run: Run, folder: Path) -> None:
         buffer = ReplayBuffer(replay.strategy, replay.min_reward, replay.comparison, replay.capacity, config.seed)
     scorer = RewardScorer(run, probes, log_path=folder / "reward_log.jsonl", sampler=sampler, replay=buffer)
 
-    path = resolve_model(config.generator.model)
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=config.generator.revision)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-
-    dataset = sampled_prompts(sampler, domain.generator_prompt, tokenizer, config.generator.chat_template, str(path))
-    policy = AutoModelForCausalLM.from_pretrained(path, revision=config.generator.revision)
-    lora = LoraConfig(
-        r=train_config.lora_r,
-        lora_alpha=train_config.lora_alpha,
-        lora_dropout=train_config.lora_dropout,
-        target_modules=train_config.lora_target_modules,
-        task_type="CAUSAL_LM",
-    )
+    tokenizer, policy, path = load_policy(config.generator)
+    dataset = sampled_prompts(sampler, domain.generator_prompt, tokenizer, config.generator.chat_template, path)
     arguments = GRPOConfig(
         output_dir=str(folder),
         max_steps=train_config.steps,
@@ -106,7 +93,7 @@ def train_generator(run: Run, folder: Path) -> None:
         args=arguments,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=lora,
+        peft_config=lora_config(train_config),
     )
     prompts_per_step = generation_batch // train_config.group_size
     log.info("GRPO: %d steps, %d prompts x %d generations each", train_config.steps, prompts_per_step,
@@ -115,6 +102,26 @@ def train_generator(run: Run, folder: Path) -> None:
     rewards = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
     print(f"trained {train_config.steps} steps; reward mean first {rewards[0]['reward_mean']:.3f}, "
           f"last {rewards[-1]['reward_mean']:.3f}; adapter in {folder / 'adapter'}")  # fmt: skip
+
+
+def load_policy(model: ModelConfig):
+    """The tokenizer and model of a role to be trained, and the path they came from."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model(model.model)
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=model.revision)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, AutoModelForCausalLM.from_pretrained(path, revision=model.revision), str(path)
+
+
+def lora_config(train_config: TrainConfig):
+    """The LoRA adapter of ``train.lora_*``, for the generator and the solver alike."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=train_config.lora_r, lora_alpha=train_config.lora_alpha,
+                      lora_dropout=train_config.lora_dropout, target_modules=train_config.lora_target_modules,
+                      task_type="CAUSAL_LM")  # fmt: skip
 
 
 def sampled_prompts(sampler, messages_of, tokenizer, chat_template: bool, model_id: str):

@@ -110,20 +110,15 @@ class Arithmetic(Domain):
         if COMPUTE.search(generation) is None:
             return []
         try:
-            payload = self.parse(generation)
+            expression = self.parse(generation)["expression"]
         except ParseError:
             return ["compute line"]
         reached = ["compute line", "parsed"]
         try:
-            value_of(payload["expression"])
+            value_of(expression)
         except ExpressionError:
             return reached
-        reached.append("evaluates")
-        task = Task(id="", domain=self.name, context_id="", generation=generation, generator="", payload=payload,
-                    validity=Validity.ok())  # fmt: skip
-        if check_well_formed(task, self).valid:
-            reached.append("within limits")
-        return reached
+        return [*reached, "evaluates", *(["within limits"] if problem(expression, self) is None else [])]
 
 
 def value_of(expression: str):
@@ -132,19 +127,24 @@ def value_of(expression: str):
 
 
 def check_well_formed(task: Task, domain: Arithmetic) -> Validity:
-    expression = task.payload["expression"]
+    reason = problem(task.payload["expression"], domain)
+    return Validity.ok() if reason is None else Validity.reject(reason)
+
+
+def problem(expression: str, domain: Arithmetic) -> str | None:
+    """What keeps ``expression`` from being a well-formed exercise; None when nothing does."""
     try:
         value = value_of(expression)
     except ExpressionError as exc:
-        return Validity.reject(str(exc))
+        return str(exc)
     operators = len(OPERATOR.findall(expression))
     if not 1 <= operators <= domain.max_operators:
-        return Validity.reject(f"needs 1-{domain.max_operators} operations, has {operators}")
+        return f"needs 1-{domain.max_operators} operations, has {operators}"
     if any(int(n) > domain.max_operand for n in INTEGER.findall(expression)):
-        return Validity.reject(f"operands must be at most {domain.max_operand}")
+        return f"operands must be at most {domain.max_operand}"
     if value != int(value) or abs(value) > domain.max_value:
-        return Validity.reject(f"the value must be a whole number of at most {domain.max_value} in size")
-    return Validity.ok()
+        return f"the value must be a whole number of at most {domain.max_value} in size"
+    return None
 
 
 def _make_contexts(count: int, seed: int, domain: Arithmetic) -> list[Context]:
@@ -168,7 +168,5 @@ def _exercise(rng: random.Random, operations: int, digits: int, domain: Arithmet
         for _ in range(operations):
             parts += [rng.choice("+-*/"), str(rng.randint(2, high))]
         expression = " ".join(parts)
-        task = Task(id="", domain="arithmetic", context_id="", generation="", generator="",
-                    payload={"expression": expression}, validity=Validity.ok())  # fmt: skip
-        if check_well_formed(task, domain).valid:
+        if problem(expression, domain) is None:
             return expression
