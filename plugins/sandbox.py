@@ -27,6 +27,7 @@ import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -82,6 +83,7 @@ class LocalSandbox:
         max_result_bytes: int = 1 << 20,
         uid: int = 65534,
         allow_unisolated: bool = False,
+        python_env: str | None = None,
     ):
         self.time_limit = time_limit
         self.memory_bytes = memory_mb << 20
@@ -91,6 +93,9 @@ class LocalSandbox:
         self.max_processes = max_processes
         self.max_result_bytes = max_result_bytes
         self.uid = uid
+        self.python_env = Path(python_env) if python_env else Path(sys.prefix)
+        if not (self.python_env / "bin" / "python").exists():
+            raise PropelError(f"python_env {self.python_env} has no bin/python (give a virtual environment)")
         self.bwrap = shutil.which("bwrap")
         self.setpriv = shutil.which("setpriv")
         self.prlimit = shutil.which("prlimit")
@@ -134,6 +139,12 @@ class LocalSandbox:
             command, env = self._command(workdir, main, hash_seed)
             return self._execute(command, env, workdir, time_limit or self.time_limit)
 
+    def workspace(self, path: Path | None = None, image: str | None = None, workdir: str = "/testbed") -> Workspace:
+        """A fresh copy of the checkout at ``path``, seen at ``workdir`` by every command run in it."""
+        if path is None:
+            raise PropelError(f"the local sandbox copies a checkout from a path; {image!r} is an image (use docker)")
+        return Workspace(self, Path(path), workdir)
+
     # -- the command ------------------------------------------------------------------------------
 
     def _command(self, workdir: Path, main: str, hash_seed: int) -> tuple[list[str], dict[str, str]]:
@@ -145,9 +156,45 @@ class LocalSandbox:
         ``prlimit`` right before the interpreter, so they bind the untrusted process and its children.
         """
         inner = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": str(hash_seed), "PYTHONDONTWRITEBYTECODE": "1"}
-        limits = [
+        if not self.isolated:
+            env = {**inner, "HOME": str(workdir), "TMPDIR": str(workdir)}
+            return [*self._limits(), sys.executable, "-S", "-B", main], env
+        mounts = ["--ro-bind", sys.base_prefix, PYTHON_MOUNT, "--bind", str(workdir), "/work"]
+        env = {**inner, "HOME": "/work", "TMPDIR": "/work"}
+        return self._isolated(mounts, "/work", env, [_python_in_mount(), "-S", "-B", main]), {"PATH": "/usr/bin:/bin"}
+
+    def run_command(
+        self, command: str, binds: dict[str, Path], cwd: str, time_limit: float | None = None
+    ) -> SandboxResult:
+        """Run ``bash -c command`` with each host folder of ``binds`` writable at its sandbox path and
+        the ``python_env`` virtual environment (the repository's test dependencies; this interpreter's
+        environment by default) read-only at its own path and first on ``PATH``; everything else as in
+        ``run_python``, plus a private ``/tmp``.
+        Fails closed: without every isolation layer it refuses, whatever ``allow_unisolated`` says."""
+        missing = self.missing_layers()
+        if missing:
+            raise SandboxUnavailable(f"repository commands need every isolation layer; missing: {'; '.join(missing)}")
+        mounts = []
+        base = Path(os.path.realpath(self.python_env / "bin" / "python")).parent.parent
+        for prefix in dict.fromkeys((str(base), str(self.python_env))):  # a venv links to its base interpreter
+            for parent in reversed(Path(prefix).parents[:-1]):  # traversable even where the host's is not
+                mounts += ["--perms", "0755", "--dir", str(parent)]
+            mounts += ["--ro-bind", prefix, prefix]
+        for inside, host in binds.items():
+            os.chown(host, self.uid, self.uid)
+            mounts += ["--bind", str(host), inside]
+        mounts += ["--tmpfs", "/tmp"]
+        env = {"PATH": f"{self.python_env}/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+               "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
+        time_limit = time_limit or self.time_limit
+        argv = self._isolated(mounts, cwd, env, ["/bin/bash", "-c", command], time_limit)
+        host_cwd = Path(next(iter(binds.values())))
+        return self._execute(argv, {"PATH": "/usr/bin:/bin"}, host_cwd, time_limit, read_result=False)
+
+    def _limits(self, time_limit: float | None = None) -> list[str]:
+        return [
             self.prlimit,
-            f"--cpu={int(self.time_limit) + 1}",
+            f"--cpu={int(time_limit or self.time_limit) + 1}",
             f"--as={self.memory_bytes}",
             f"--fsize={self.max_file_bytes}",
             f"--nofile={self.max_open_files}",
@@ -155,9 +202,11 @@ class LocalSandbox:
             "--core=0",
             "--",
         ]
-        if not self.isolated:
-            env = {**inner, "HOME": str(workdir), "TMPDIR": str(workdir)}
-            return [*limits, sys.executable, "-S", "-B", main], env
+
+    def _isolated(
+        self, mounts: list[str], cwd: str, env: dict[str, str], argv: list[str], time_limit: float | None = None
+    ) -> list[str]:
+        """bubblewrap (namespaces, read-only system, ``mounts``), then setpriv, then prlimit, then ``argv``."""
         command = [self.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
         command += ["--unshare-cgroup-try", "--new-session", "--die-with-parent", "--clearenv"]
         command += ["--ro-bind", "/usr", "/usr"]
@@ -167,17 +216,17 @@ class LocalSandbox:
                 command += ["--symlink", os.readlink(path), str(path)]
             elif path.exists():
                 command += ["--ro-bind", str(path), str(path)]
-        command += ["--ro-bind", sys.base_prefix, PYTHON_MOUNT, "--proc", "/proc", "--dev", "/dev"]
-        command += ["--bind", str(workdir), "/work", "--chdir", "/work"]
-        for key, value in {**inner, "HOME": "/work", "TMPDIR": "/work"}.items():
+        command += ["--proc", "/proc", "--dev", "/dev", *mounts, "--chdir", cwd]
+        for key, value in env.items():
             command += ["--setenv", key, value]
         command += [self.setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs"]
-        command += ["--bounding-set=-all", "--inh-caps=-all", *limits, _python_in_mount(), "-S", "-B", main]
-        return command, {"PATH": "/usr/bin:/bin"}
+        return [*command, "--bounding-set=-all", "--inh-caps=-all", *self._limits(time_limit), *argv]
 
     # -- running it ---------------------------------------------------------------------------------
 
-    def _execute(self, command: list[str], env: dict[str, str], workdir: Path, time_limit: float) -> SandboxResult:
+    def _execute(
+        self, command: list[str], env: dict[str, str], workdir: Path, time_limit: float, read_result: bool = True
+    ) -> SandboxResult:
         started = time.monotonic()
         status_read, status_write = os.pipe()
         if self.isolated:
@@ -210,7 +259,7 @@ class LocalSandbox:
             duration=time.monotonic() - started,
         )
         result.status, result.detail = self._classify(result, stopped, started_ok)
-        if result.status == "ok":
+        if result.status == "ok" and read_result:
             result.status, result.result, result.detail = self._read_result(workdir)
         return result
 
@@ -255,7 +304,7 @@ class LocalSandbox:
         if not started_ok:
             return "sandbox_error", result.stderr.strip()[-500:] or "bubblewrap did not start the program"
         if stopped == "timeout":
-            return "timeout", f"no exit within {self.time_limit:g} s wall clock"
+            return "timeout", "no exit within the wall-clock limit"
         if stopped == "output_limit":
             return "output_limit", f"stdout + stderr exceeded {self.max_output_bytes} bytes"
         code = result.returncode
@@ -282,6 +331,69 @@ class LocalSandbox:
             return "ok", json.loads(path.read_bytes()), None
         except (ValueError, RecursionError) as exc:
             return "no_result", None, f"result is not valid JSON: {type(exc).__name__}"
+
+
+OUT_DIR = "/propel-out"  # a writable folder outside the checkout, in every workspace
+
+
+class Workspace:
+    """One episode's private copy of a repository, run through the local sandbox.
+
+    Each ``run`` is a fresh sandboxed process with the copy writable at ``workdir`` and ``OUT_DIR``
+    beside it; nothing else of the host is writable and the network is off. ``read``/``write`` reach
+    files by their path inside the sandbox and never follow a symlink out of it. ``close`` (or leaving
+    the ``with`` block) deletes the copy; no process outlives its ``run``.
+    """
+
+    def __init__(self, sandbox: LocalSandbox, source: Path, workdir: str):
+        if not (source / ".git").exists():
+            raise PropelError(f"{source} is not a git checkout")
+        self.sandbox, self.workdir = sandbox, workdir
+        self._tmp = Path(tempfile.mkdtemp(prefix="propel-workspace-"))
+        self.roots = {workdir: self._tmp / "repo", OUT_DIR: self._tmp / "out"}
+        shutil.copytree(source, self.roots[workdir], symlinks=True)
+        self.roots[OUT_DIR].mkdir()
+        for folder in self.roots.values():
+            for parent, dirs, names in os.walk(folder):
+                for name in [parent, *(os.path.join(parent, n) for n in dirs + names)]:
+                    os.lchown(name, sandbox.uid, sandbox.uid)
+
+    def run(self, command: str, time_limit: float | None = None) -> SandboxResult:
+        return self.sandbox.run_command(command, self.roots, self.workdir, time_limit)
+
+    def read(self, path: str, limit: int = 16 << 20) -> bytes:
+        fd = os.open(self._host(path), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise PropelError(f"{path} is not a regular file")
+            return handle.read(limit)
+
+    def write(self, path: str, data: bytes) -> None:
+        fd = os.open(self._host(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chown(self._host(path), self.sandbox.uid, self.sandbox.uid)
+
+    def close(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> Workspace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _host(self, path: str) -> str:
+        """The host path of a sandbox path, refused when it (or a folder on the way) leaves its root."""
+        inside = path if path.startswith("/") else f"{self.workdir}/{path}"
+        for mount, root in self.roots.items():
+            if inside == mount or inside.startswith(mount + "/"):
+                host = os.path.normpath(os.path.join(root, inside[len(mount) :].lstrip("/")))
+                parent = os.path.realpath(os.path.dirname(host))
+                if parent == str(root) or parent.startswith(str(root) + os.sep):
+                    return host
+                raise PropelError(f"{path} leaves the workspace")
+        raise PropelError(f"{path} is outside the workspace ({', '.join(self.roots)})")
 
 
 def _python_in_mount() -> str:

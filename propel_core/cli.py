@@ -42,7 +42,7 @@ def cli(ctx: click.Context, quiet: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def plugins(as_json: bool) -> None:
     """List installed plugins, their versions and what each registers."""
-    from propel_core.plugins import KINDS, Registry
+    from propel_core.plugins import Registry
 
     described = Registry.build().describe()
     if as_json:
@@ -51,7 +51,7 @@ def plugins(as_json: bool) -> None:
     for plugin in described:
         click.echo(f"{plugin['name']} {plugin['version'] or ''}".rstrip())
         for kind, names in plugin["registers"].items():
-            click.echo(f"  {KINDS[kind][1]}s: {', '.join(names)}")
+            click.echo(f"  {kind.replace('_', ' ')}: {', '.join(names)}")
 
 
 def _start(ctx: click.Context, config: tuple[str, ...], overrides: tuple[str, ...]):
@@ -134,7 +134,14 @@ def _add_stage_commands() -> None:
         cli.add_command(_stage_command(name, stage))
 
 
+def _add_plugin_commands() -> None:
+    from propel_core.plugins import get_plugin_manager
+
+    get_plugin_manager().hook.register_commands(cli=cli)
+
+
 _add_stage_commands()
+_add_plugin_commands()
 
 
 def main() -> None:

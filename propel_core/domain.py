@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from propel_core.plugins import Registry
 
 Messages = list[dict[str, str]]
+#: one turn of a multi-turn episode: the model's reply to the conversation so far
+Reply = Callable[[Messages], str]
 
 
 class ParseError(ValueError):
@@ -42,6 +45,9 @@ class Domain(ABC):
     validity_predicates: Sequence[str] = ()
     #: workflow markers a generation can reach, for partial-credit rewards (seed 002)
     workflow_markers: Sequence[str] = ()
+    #: an agent domain: the generator and the solver act over many turns in an environment
+    #: (``episode``, ``solver_episode``) instead of answering one prompt
+    multi_turn: bool = False
 
     @abstractmethod
     def contexts(self) -> list[Context]:
@@ -72,6 +78,16 @@ class Domain(ABC):
     @abstractmethod
     def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:
         """Grade one solver attempt against the task."""
+
+    def episode(self, context: Context, reply: Reply, seed: int) -> str:
+        """Multi-turn domains: one generator episode on ``context``, each turn answered by ``reply``
+        (``seed`` seeds anything else the episode draws); the generation is the whole trajectory as
+        text, which ``parse`` reads back."""
+        raise NotImplementedError(f"domain {self.name!r} is single-turn: it has no episodes")
+
+    def solver_episode(self, payload: dict[str, Any], reply: Reply) -> str:
+        """Multi-turn domains: one solver attempt at a task, as text that ``grade`` reads."""
+        raise NotImplementedError(f"domain {self.name!r} is single-turn: it has no solver episodes")
 
     def topic(self, payload: dict[str, Any]) -> str | None:
         """A coarse topic, for the top-topic diversity metric; None when the domain has none."""
@@ -120,10 +136,44 @@ def grade_attempt(domain: Domain, task: Task, text: str) -> SolverAttempt:
     return SolverAttempt(text=text, solved=verdict.solved, reason=verdict.reason, diagnostics=verdict.diagnostics)
 
 
+def backend_reply(backend: ModelBackend, sampling: Sampling, seed: int | None) -> Reply:
+    """A ``Reply`` from a backend: one completion of the conversation per turn, turn ``i`` seeded
+    ``seed + i``, so an episode is reproducible."""
+    turns = itertools.count()
+
+    def reply(messages: Messages) -> str:
+        turn_seed = None if seed is None else seed + next(turns)
+        return prefill(messages) + backend.generate([messages], sampling, seed=turn_seed)[0][0]
+
+    return reply
+
+
+def generations(
+    domain: Domain, backend: ModelBackend, contexts: list[Context], sampling: Sampling, seed: int
+) -> list[str]:
+    """One generation per context: one batched call, or one episode each in a multi-turn domain."""
+    if domain.multi_turn:
+        return [
+            domain.episode(context, backend_reply(backend, sampling, seed + 1000 * i), seed + 1000 * i)
+            for i, context in enumerate(contexts)
+        ]
+    prompts = [domain.generator_prompt(context) for context in contexts]
+    completions = backend.generate(prompts, sampling, seed=seed)
+    return [prefill(prompt) + text for prompt, (text,) in zip(prompts, completions, strict=True)]
+
+
 def solve(
     domain: Domain, backend: ModelBackend, tasks: list[Task], sampling: Sampling, k: int, seed: int | None = None
 ) -> list[list[str]]:
-    """``k`` solver attempts at each task, in one batched call, each with the prompt's prefill."""
+    """``k`` solver attempts at each task, in one batched call, each with the prompt's prefill; in a
+    multi-turn domain, ``k`` solver episodes per task."""
+    if domain.multi_turn:
+        base = 0 if seed is None else seed
+        return [
+            [domain.solver_episode(task.payload, backend_reply(backend, sampling, base + 1000 * (k * i + j)))
+             for j in range(k)]
+            for i, task in enumerate(tasks)
+        ]  # fmt: skip
     prompts = [domain.solver_prompt(task.payload) for task in tasks]
     completions = backend.generate(prompts, sampling, n=k, seed=seed)
     return [[prefill(prompt) + text for text in texts] for prompt, texts in zip(prompts, completions, strict=True)]

@@ -141,3 +141,15 @@ def register_sandboxes(register):
     Domains that execute code name the sandbox they use in their options and get it from
     ``domain.registry``.
     """
+
+
+@hookspec
+def register_commands(cli):
+    """Add commands to the ``propel`` command line.
+
+    ``cli`` is the top-level :class:`click.Group`; add a command or a group of commands to it
+    (``@cli.group()`` for a family, such as the SWE domain's ``propel swe preflight``). Called once,
+    when the command line starts, so import heavy libraries inside the commands, not here. A command
+    that turns a bad input into :class:`propel_core.errors.PropelError` gets the same one-line error
+    and exit status 1 as the core's own verbs.
+    """

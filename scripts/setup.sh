@@ -18,6 +18,10 @@ if ! command -v bwrap >/dev/null; then
         echo "note: bubblewrap is missing; install it (apt-get install bubblewrap) for the sandboxed domains" >&2
     fi
 fi
+# the SWE domain's docker sandbox: the tests start a private engine where one can run (as root)
+if ! command -v dockerd >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q docker.io >/dev/null 2>&1 || echo "note: docker.io not installed; the docker sandbox tests will skip" >&2
+fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 

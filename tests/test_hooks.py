@@ -3,11 +3,16 @@ hook, and the core finds it by name and uses it. ``test_docs.py`` checks that ea
 
 import math
 
+import click
 import pytest
+from click.testing import CliRunner
 
 from propel_core import hookimpl
+from propel_core.cli import PropelGroup
 from propel_core.config import RewardConfig, Sampling, validate_config
 from propel_core.domain import Domain, ParseError, Verdict, make_task
+from propel_core.errors import PropelError
+from propel_core.plugins import get_plugin_manager
 from propel_core.records import Context, Validity
 
 
@@ -182,5 +187,38 @@ def test_register_sandboxes(register_plugin):
     registry = register_plugin(Plugin)
     sandbox = registry.get("sandboxes", "in_process")(memory_mb=64)
     assert sandbox.run(3) == {"status": "ok", "output": 3}
-    with pytest.raises(Exception, match="unknown sandbox 'docker'; installed: in_process"):
-        registry.get("sandboxes", "docker")
+    with pytest.raises(Exception, match="unknown sandbox 'firecracker'; installed: .*in_process"):
+        registry.get("sandboxes", "firecracker")
+
+
+def test_register_commands():
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_commands(cli):
+            @cli.command()
+            @click.argument("name")
+            def hello(name):
+                """Greet NAME; an empty name is bad input."""
+                if not name:
+                    raise PropelError("hello needs a name")
+                click.echo(f"hello {name}")
+
+    pm = get_plugin_manager(load_entrypoints=False)
+    pm.register(Plugin)
+
+    @click.group(cls=PropelGroup)
+    def group():
+        pass
+
+    pm.hook.register_commands(cli=group)
+    runner = CliRunner()
+    assert runner.invoke(group, ["hello", "propel"]).output == "hello propel\n"
+    failed = runner.invoke(group, ["hello", ""])
+    assert failed.exit_code == 1 and "Error: hello needs a name" in failed.output
+
+
+def test_plugin_commands_reach_the_propel_cli():
+    from propel_core.cli import cli
+
+    assert "swe" in cli.commands  # the SWE domain package adds `propel swe ...`

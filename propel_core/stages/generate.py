@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from propel_core.backend import ModelBackend, prefill
-from propel_core.domain import make_task
+from propel_core.backend import ModelBackend
+from propel_core.domain import generations, make_task
 from propel_core.records import Context, JsonlWriter, Task, iter_jsonl
 from propel_core.run import Run, log
 
@@ -53,10 +53,9 @@ def sample_tasks(run: Run, backend: ModelBackend, contexts: list[Context], path:
             advance(len(contexts) - len(todo))
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start : start + batch_size]
-                prompts = [domain.generator_prompt(context) for _, context in chunk]
-                completions = backend.generate(prompts, config.generator.sampling, seed=config.seed + chunk[0][0])
-                for (index, context), prompt, (text,) in zip(chunk, prompts, completions, strict=True):
-                    generation = prefill(prompt) + text
+                contexts_now = [context for _, context in chunk]
+                texts = generations(domain, backend, contexts_now, config.generator.sampling, config.seed + chunk[0][0])
+                for (index, context), generation in zip(chunk, texts, strict=True):
                     out.write(make_task(task_id(index), domain, context, generation, backend.model_id, predicates))
                 advance(len(chunk))
     return list(iter_jsonl(path, Task))

@@ -1,0 +1,214 @@
+"""The ``swe`` domain: a generator plants a bug in a real repository; solvers try to fix it.
+
+A context is one repository (so grouping by context is grouping by repository, as the probe
+sweep's grouped k-fold needs). The generator's episode is either the bug-writing agent in a fresh
+sandbox or, with ``generator: procedural``, one AST mutation; either way the task's ``generation`` is
+the trajectory as JSON, whose ``diff`` is the bug. The validity predicate ``swe_bug`` replays the
+diff on a clean checkout (see ``verifier.py``). Each solver attempt is an agent episode in a fresh
+sandbox with the bug applied and git history reset (so ``git diff`` does not give the bug away); it is
+graded on a clean checkout again.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from propel_core.domain import Domain, Messages, ParseError, Reply, Verdict
+from propel_core.embedded import cache_dir
+from propel_core.errors import PropelError
+from propel_core.records import Context, Task, Validity
+from propel_swe import agent
+from propel_swe.procedural import procedural_bug, source_files
+from propel_swe.repos import RepoSpec, load_registry
+from propel_swe.verifier import Baseline, apply_diffs, grade_fix, preflight, verify_bug, workspace
+
+GENERATORS = ("agent", "procedural")
+RESET_HISTORY = (
+    "rm -rf .git && git init -q && git add -A && "
+    "git -c user.name=propel -c user.email=propel@localhost commit -qm 'repository' --no-verify"
+)
+
+
+class SWE(Domain):
+    multi_turn = True
+    validity_predicates = ("swe_bug",)
+
+    def __init__(
+        self,
+        registry: str,
+        split: str | None = None,
+        sandbox: str = "local",
+        sandbox_options: dict[str, Any] | None = None,
+        generator: str = "agent",
+        max_turns: int = 25,
+        solver_max_turns: int = 25,
+        episode_budget: float = 1800.0,
+        solver_budget: float = 1800.0,
+        command_time_limit: float = 120.0,
+        max_output_chars: int = 4000,
+        max_failing_tests_shown: int = 10,
+        preflight_dir: str | None = None,
+    ):
+        if generator not in GENERATORS:
+            raise PropelError(f"unknown swe generator {generator!r}; choose one of: {', '.join(GENERATORS)}")
+        self.repos = {repo.name: repo for repo in load_registry(registry).select(split)}
+        if not self.repos:
+            raise PropelError(f"no repositories in {registry}" + (f" split {split!r}" if split else ""))
+        self.sandbox_name, self.sandbox_options = sandbox, dict(sandbox_options or {})
+        self.generator = generator
+        self.max_turns, self.solver_max_turns = max_turns, solver_max_turns
+        self.episode_budget, self.solver_budget = episode_budget, solver_budget
+        self.command_time_limit, self.max_output_chars = command_time_limit, max_output_chars
+        self.max_failing_tests_shown = max_failing_tests_shown
+        self.preflight_dir = Path(preflight_dir) if preflight_dir else cache_dir() / "swe" / "preflight"
+        self._sandbox = None
+        self._baselines: dict[str, Baseline] = {}
+
+    # -- repositories -------------------------------------------------------------------------------
+
+    @property
+    def sandbox(self):
+        if self._sandbox is None:
+            if self.registry is None:
+                raise PropelError("the swe domain gets its sandbox from the registry; create it with Registry.domain")
+            self._sandbox = self.registry.get("sandboxes", self.sandbox_name)(**self.sandbox_options)
+        return self._sandbox
+
+    def baseline(self, repo: RepoSpec, force: bool = False) -> Baseline:
+        """The repository's preflight, run once and cached by repository state and test command."""
+        if repo.name in self._baselines and not force:
+            return self._baselines[repo.name]
+        path = self.preflight_dir / f"{repo.key()}.json"
+        if path.exists() and not force:
+            found = Baseline.model_validate_json(path.read_text())
+        else:
+            found = preflight(self.sandbox, repo)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(found.model_dump_json())
+        self._baselines[repo.name] = found
+        return found
+
+    def contexts(self) -> list[Context]:
+        """One context per repository that passes preflight (status ok, tests, at most one failure)."""
+        kept = [repo for repo in self.repos.values() if self.baseline(repo).keep]
+        if not kept:
+            raise PropelError("no repository passed preflight; see `propel swe preflight`")
+        return [Context(id=repo.name, data={"repo": repo.name}, bucket=repo.name) for repo in kept]
+
+    # -- the generator ------------------------------------------------------------------------------
+
+    def generator_prompt(self, context: Context) -> Messages:
+        repo = self.repos[context.data["repo"]]
+        return [
+            {"role": "system", "content": agent.BUG_WRITER_SYSTEM.format(workdir=repo.workdir)},
+            {"role": "user", "content": agent.BUG_WRITER_TASK.format(repo=repo.name)},
+        ]
+
+    def episode(self, context: Context, reply: Reply, seed: int) -> str:
+        repo = self.repos[context.data["repo"]]
+        if self.generator == "procedural":
+            return json.dumps(self.procedural_episode(repo, seed))
+        with workspace(self.sandbox, repo) as ws:
+            trajectory = agent.run_episode(ws, self.generator_prompt(context), reply, agent.BUG_WRITER_TOOLS,
+                                           self.max_turns, self.episode_budget, self.command_time_limit,
+                                           self.max_output_chars)  # fmt: skip
+            trajectory["diff"] = agent.final_diff(ws) if trajectory["stop_reason"] != "error" else ""
+        return json.dumps({"repo": repo.name, "generator": "agent", **trajectory})
+
+    def procedural_episode(self, repo: RepoSpec, seed: int) -> dict[str, Any]:
+        with workspace(self.sandbox, repo) as ws:
+            listed = ws.run("git ls-files -z").stdout.split("\0")
+            files = {path: ws.read(path).decode(errors="replace") for path in source_files(listed)}
+        found = procedural_bug(files, random.Random(seed))
+        description, diff = found if found else ("no mutation site", "")
+        turn = {"assistant": f"{description}\n{diff}", "tool": None}
+        return {"repo": repo.name, "generator": "procedural", "messages": [], "turns": [turn],
+                "stop_reason": "stop", "seconds": 0.0, "diff": diff}  # fmt: skip
+
+    def parse(self, generation: str) -> dict[str, Any]:
+        try:
+            trajectory = json.loads(generation)
+        except ValueError:
+            raise ParseError("not a trajectory (JSON)") from None
+        if not isinstance(trajectory, dict) or not {"repo", "diff", "turns"} <= set(trajectory):
+            raise ParseError("a trajectory needs repo, diff and turns")
+        if trajectory["repo"] not in self.repos:
+            raise ParseError(f"unknown repository {trajectory['repo']!r}")
+        return {
+            "repo": trajectory["repo"],
+            "diff": trajectory["diff"],
+            "stop_reason": trajectory.get("stop_reason"),
+            "generator": trajectory.get("generator"),
+            "turns": [turn["assistant"] for turn in trajectory["turns"]],
+        }
+
+    def render(self, payload: dict[str, Any]) -> list[str]:
+        """The trajectory as the reference reads it: one text per generated assistant turn."""
+        return payload["turns"] or [payload["diff"]]
+
+    def topic(self, payload: dict[str, Any]) -> str | None:
+        """The edited file (the paper's top-topic metric for SWE is the top-edited-file rate)."""
+        for line in payload["diff"].splitlines():
+            if line.startswith("+++ b/"):
+                return f"{payload['repo']}:{line[6:]}"
+        return None
+
+    def verify(self, payload: dict[str, Any]) -> Validity:
+        repo = self.repos[payload["repo"]]
+        check = verify_bug(self.sandbox, repo, self.baseline(repo), payload["diff"])
+        payload["failing_tests"] = check.failing_tests
+        payload["verification"] = {"seconds": round(check.seconds, 3), "outcomes": check.outcomes}
+        return Validity(valid=check.valid, reason=check.reason)
+
+    # -- the solver ---------------------------------------------------------------------------------
+
+    def solver_prompt(self, payload: dict[str, Any]) -> Messages:
+        repo = self.repos[payload["repo"]]
+        shown = payload.get("failing_tests", [])[: self.max_failing_tests_shown]
+        return [
+            {"role": "system", "content": agent.SOLVER_SYSTEM.format(workdir=repo.workdir)},
+            {"role": "user", "content": agent.SOLVER_TASK.format(repo=repo.name, tests="\n".join(shown))},
+        ]
+
+    def solver_episode(self, payload: dict[str, Any], reply: Reply) -> str:
+        repo = self.repos[payload["repo"]]
+        try:
+            with workspace(self.sandbox, repo) as ws:
+                problem = apply_diffs(ws, [payload["diff"]])
+                reset = ws.run(RESET_HISTORY)
+                if problem or reset.returncode != 0:
+                    return json.dumps({"status": "setup_failed", "detail": problem or reset.stderr[-300:]})
+                trajectory = agent.run_episode(ws, self.solver_prompt(payload), reply, agent.SOLVER_TOOLS,
+                                               self.solver_max_turns, self.solver_budget, self.command_time_limit,
+                                               self.max_output_chars)  # fmt: skip
+                trajectory["diff"] = agent.final_diff(ws)
+        except PropelError as exc:
+            return json.dumps({"status": "setup_failed", "detail": str(exc)})
+        status = trajectory["stop_reason"] if trajectory["stop_reason"] in ("timeout", "error") else "finished"
+        return json.dumps({"status": status, **trajectory})
+
+    def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:
+        """Solved iff the attempt's final edit makes every baseline-passing test pass on a clean
+        checkout with the bug applied; None (ungradable) after a timeout, a setup or sandbox failure."""
+        try:
+            record = json.loads(attempt)
+        except ValueError:
+            return Verdict(None, "the attempt is not a solver trajectory")
+        if record.get("status") != "finished":
+            return Verdict(None, f"attempt {record.get('status')}: {record.get('detail') or 'no final edit'}")
+        if not record.get("diff", "").strip():
+            return Verdict(False, "the attempt changed nothing", {"turns": len(record.get("turns", []))})
+        repo = self.repos[payload["repo"]]
+        baseline = self.baseline(repo)
+        solved, reason, diagnostics = grade_fix(self.sandbox, repo, baseline, payload["diff"], record["diff"])
+        return Verdict(solved, reason, {**diagnostics, "turns": len(record.get("turns", []))})
+
+
+def check_bug(task: Task, domain: SWE) -> Validity:
+    """The ``swe_bug`` predicate: the verifier of ``SWE.verify`` (records the failing tests)."""
+    if not isinstance(domain, SWE):
+        return Validity.reject("swe_bug checks bugs of the swe domain only")
+    return domain.verify(task.payload)

@@ -1,0 +1,74 @@
+"""Registers the ``swe`` domain, its ``swe_bug`` predicate, the ``docker`` sandbox and ``propel swe``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from propel_core import hookimpl
+
+
+@hookimpl
+def register_domains(register):
+    from propel_swe.domain import SWE
+
+    register("swe", SWE)
+
+
+@hookimpl
+def register_validity_predicates(register):
+    from propel_swe.domain import check_bug
+
+    register("swe_bug", check_bug)
+
+
+@hookimpl
+def register_sandboxes(register):
+    from propel_swe.docker_sandbox import DockerSandbox
+
+    register("docker", DockerSandbox)
+
+
+@hookimpl
+def register_commands(cli):
+    @cli.group()
+    def swe():
+        """Repository tools of the SWE bug-injection domain."""
+
+    @swe.command(context_settings={"ignore_unknown_options": True})
+    @click.argument("config", type=click.Path(exists=True, dir_okay=False))
+    @click.argument("overrides", nargs=-1)
+    @click.option("--force", is_flag=True, help="Run again even where a cached preflight exists.")
+    @click.pass_context
+    def preflight(ctx: click.Context, config: str, overrides: tuple[str, ...], force: bool) -> None:
+        """Run every repository's suite once on its clean checkout; keep those with status ok, tests > 0
+        and at most one baseline failure -> RUN/swe/preflight.json. Reads CONFIG with key=value OVERRIDES."""
+        from propel_core.config import load_config
+        from propel_core.errors import PropelError
+        from propel_core.plugins import Registry
+        from propel_core.run import Run
+
+        registry = Registry.build()
+        run = Run(load_config([config], list(overrides), registry), registry, quiet=ctx.obj["quiet"])
+        domain = run.domain()
+        if run.config.domain.name != "swe":
+            raise PropelError(f"propel swe preflight needs domain.name: swe, not {run.config.domain.name!r}")
+        rows = []
+        with run.progress("preflight", total=len(domain.repos)) as advance:
+            for repo in domain.repos.values():
+                baseline = domain.baseline(repo, force=force)
+                rows.append({"repo": repo.name, "status": baseline.status, "tests": baseline.test_count,
+                             "failures": baseline.failures, "seconds": round(baseline.duration, 2),
+                             "kept": baseline.keep, "reasons": baseline.reasons,
+                             "tests_outcomes": baseline.tests})  # fmt: skip
+                advance(1)
+        out = run.dir / "swe" / "preflight.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rows, indent=2))
+        click.echo(f"{'repository':30} {'status':10} {'tests':>6} {'fail':>5} {'seconds':>8}  kept")
+        for row in rows:
+            kept = "yes" if row["kept"] else "no: " + "; ".join(row["reasons"])
+            click.echo(f"{row['repo'][:30]:30} {row['status']:10} {row['tests']:6d} {row['failures']:5d} "
+                       f"{row['seconds']:8.2f}  {kept}")  # fmt: skip
+        click.echo(f"kept {sum(r['kept'] for r in rows)} of {len(rows)}; details in {out}")

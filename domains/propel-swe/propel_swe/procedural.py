@@ -1,0 +1,142 @@
+"""The procedural generator: one small AST mutation of non-test source, SWE-smith style, as a diff.
+
+Model-free, so it gives real bugs on any machine and a baseline for the agent. Mutations: flip a
+comparison, an off-by-one in arithmetic, an index or a range, swap two arguments, drop an
+``if ...: return`` branch, flip a boolean constant, swap ``and``/``or``. Only the mutated node's
+source is rewritten, so the rest of the file (comments, layout) stays as it was.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import difflib
+import random
+from dataclasses import dataclass
+
+from propel_swe.diffs import is_test_path
+
+FLIPPED = {ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt, ast.Eq: ast.NotEq,
+           ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}  # fmt: skip
+MUTATIONS = ("flip_comparison", "off_by_one", "swap_arguments", "drop_return_branch", "flip_boolean", "swap_and_or")
+
+
+@dataclass
+class Site:
+    path: str
+    kind: str
+    node: ast.AST
+
+
+def source_files(paths: list[str]) -> list[str]:
+    """Python files that are code under test: no tests, no test configuration, no setup scripts."""
+    return [p for p in paths if p.endswith(".py") and not is_test_path(p) and p.rsplit("/", 1)[-1] != "setup.py"]
+
+
+def sites(path: str, tree: ast.AST) -> list[Site]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in FLIPPED:
+            found.append(Site(path, "flip_comparison", node))
+        elif _arithmetic_index_or_range(node) and any(_is_int(child) for child in ast.iter_child_nodes(node)):
+            found.append(Site(path, "off_by_one", node))
+        if _swappable(node):
+            found.append(Site(path, "swap_arguments", node))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
+            found.append(Site(path, "flip_boolean", node))
+        elif isinstance(node, ast.BoolOp):
+            found.append(Site(path, "swap_and_or", node))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.For | ast.While | ast.If | ast.With):
+            for statement in node.body[:-1]:  # never the last statement: the block must stay non-empty
+                guard = isinstance(statement, ast.If) and not statement.orelse
+                if guard and isinstance(statement.body[-1], ast.Return):
+                    found.append(Site(path, "drop_return_branch", statement))
+    return found
+
+
+def _arithmetic_index_or_range(node: ast.AST) -> bool:
+    is_range = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
+    return is_range or isinstance(node, ast.BinOp | ast.Subscript)
+
+
+def _swappable(node: ast.AST) -> bool:
+    """A call with two different leading positional arguments."""
+    if not isinstance(node, ast.Call) or len(node.args) < 2 or any(isinstance(a, ast.Starred) for a in node.args):
+        return False
+    return ast.dump(node.args[0]) != ast.dump(node.args[1])
+
+
+def mutate(site: Site, source: str) -> str | None:
+    """The file with ``site`` mutated, or None when the result does not parse or changes nothing."""
+    lines = source.splitlines(keepends=True)
+    node = site.node
+    if site.kind == "drop_return_branch":
+        first, last = node.lineno - 1, node.end_lineno
+        if lines[first][: node.col_offset].strip() or lines[last - 1][node.end_col_offset :].strip():
+            return None
+        mutated = "".join(lines[:first] + lines[last:])
+    else:
+        replacement = _mutated_node(site.kind, node)
+        start = _offset(lines, node.lineno, node.col_offset)
+        end = _offset(lines, node.end_lineno, node.end_col_offset)
+        encoded = source.encode()
+        text = ast.unparse(replacement)
+        if isinstance(replacement, ast.BinOp | ast.BoolOp | ast.Compare):
+            text = f"({text})"  # stays one unit where it sits: a * (b + 1), not a * b + 1
+        mutated = (encoded[:start] + text.encode() + encoded[end:]).decode()
+    try:
+        ast.parse(mutated)
+    except SyntaxError:
+        return None
+    return mutated if mutated != source else None
+
+
+def _mutated_node(kind: str, node: ast.AST) -> ast.AST:
+    new = copy.deepcopy(node)
+    if kind == "flip_comparison":
+        new.ops = [FLIPPED[type(new.ops[0])]()]
+    elif kind == "off_by_one":
+        for child in ast.iter_child_nodes(new):
+            if _is_int(child):
+                child.value += 1
+                break
+    elif kind == "swap_arguments":
+        new.args[0], new.args[1] = new.args[1], new.args[0]
+    elif kind == "flip_boolean":
+        new.value = not new.value
+    elif kind == "swap_and_or":
+        new.op = ast.Or() if isinstance(new.op, ast.And) else ast.And()
+    return new
+
+
+def _offset(lines: list[str], lineno: int, col: int) -> int:
+    """Byte offset of (line, column) in the UTF-8 source; ast columns count bytes."""
+    return sum(len(line.encode()) for line in lines[: lineno - 1]) + col
+
+
+def _is_int(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int
+
+
+def unified_diff(path: str, before: str, after: str) -> str:
+    return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                        f"a/{path}", f"b/{path}"))  # fmt: skip
+
+
+def procedural_bug(files: dict[str, str], rng: random.Random, tries: int = 50) -> tuple[str, str] | None:
+    """(description, diff) of one random mutation of ``files`` (path -> source), or None."""
+    candidates: list[Site] = []
+    for path in sorted(files):
+        if not files[path].endswith("\n"):
+            continue
+        try:
+            candidates += sites(path, ast.parse(files[path]))
+        except SyntaxError:
+            continue
+    for _ in range(min(tries, len(candidates))):
+        site = candidates.pop(rng.randrange(len(candidates)))
+        mutated = mutate(site, files[site.path])
+        if mutated is not None:
+            line = getattr(site.node, "lineno", 0)
+            return f"{site.kind} at {site.path}:{line}", unified_diff(site.path, files[site.path], mutated)
+    return None

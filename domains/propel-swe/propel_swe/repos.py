@@ -1,0 +1,129 @@
+"""Repository specs, the registry they live in (YAML, or imported from SWE-smith), and splits.
+
+A spec names where a clean checkout comes from (a local git checkout, or a container image holding
+one at ``workdir``), the command that runs the test suite, the parser of its machine-readable
+report, and a time budget for one run of the suite.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from propel_core.errors import PropelError
+
+PARSERS = ("junit",)
+
+
+class RepoSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    path: Path | None = Field(None, description="a local git checkout (the local sandbox copies it)")
+    image: str | None = Field(None, description="a container image with the checkout at workdir (docker)")
+    workdir: str = "/testbed"
+    test_command: str = "python -m pytest -q -p no:cacheprovider"
+    parser: Literal["junit"] = "junit"
+    time_budget: float = Field(600.0, gt=0, description="seconds for one run of the suite")
+
+    @model_validator(mode="after")
+    def _has_a_source(self) -> RepoSpec:
+        if self.path is None and self.image is None:
+            raise ValueError(f"repository {self.name!r} needs a path (local checkout) or an image")
+        return self
+
+    def key(self) -> str:
+        """Names this exact repository state and suite: the commit (or image) and the test command."""
+        state = self.image or commit_of(self.path)
+        blob = json.dumps([self.name, state, self.workdir, self.test_command, self.parser])
+        return f"{self.name.replace('/', '__')}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def commit_of(path: Path) -> str:
+    """The checked-out commit of a local repository (ours to read: it comes from the registry)."""
+    done = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise PropelError(f"{path} is not a git checkout with a commit: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+class Registry(BaseModel):
+    """``repos`` and the repo-disjoint ``splits`` (probe_train, rl_train, eval, ...) over their names."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repos: list[RepoSpec]
+    splits: dict[str, list[str]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Registry:
+        names = [repo.name for repo in self.repos]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"repository names must be unique; repeated: {', '.join(twice)}")
+        seen: dict[str, str] = {}
+        for split, members in self.splits.items():
+            unknown = sorted(set(members) - set(names))
+            if unknown:
+                raise ValueError(f"split {split!r} names unknown repositories: {', '.join(unknown)}")
+            for name in members:
+                if name in seen:
+                    raise ValueError(f"splits must be repo-disjoint: {name!r} is in {seen[name]!r} and {split!r}")
+                seen[name] = split
+        return self
+
+    def select(self, split: str | None) -> list[RepoSpec]:
+        """The repositories of one split, or all of them when ``split`` is None."""
+        if split is None:
+            return list(self.repos)
+        if split not in self.splits:
+            raise PropelError(f"unknown split {split!r}; the registry has: {', '.join(self.splits) or 'no splits'}")
+        wanted = set(self.splits[split])
+        return [repo for repo in self.repos if repo.name in wanted]
+
+
+def load_registry(path: str | Path) -> Registry:
+    """A registry YAML: ``repos:`` (a list of specs), optional ``swesmith:`` (SWE-smith registry files
+    whose entries join ``repos``) and optional ``splits:``; relative paths are read relative to the
+    file. A file ending in ``.json``/``.jsonl`` is read as SWE-smith's
+    registry (see :func:`from_swesmith`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise PropelError(f"repository registry {path} does not exist")
+    if path.suffix in (".json", ".jsonl"):
+        return from_swesmith(path)
+    data = yaml.safe_load(path.read_text()) or {}
+    imported = [repo.model_dump() for source in data.pop("swesmith", [])
+                for repo in from_swesmith(path.parent / source).repos]  # fmt: skip
+    data["repos"] = [*data.get("repos", []), *imported]
+    for repo in data["repos"]:
+        if isinstance(repo, dict) and repo.get("path") and not Path(repo["path"]).is_absolute():
+            repo["path"] = str((path.parent / repo["path"]).resolve())
+    try:
+        return Registry.model_validate(data)
+    except ValidationError as exc:
+        raise PropelError(f"{path}: not a valid repository registry:\n{exc}") from None
+
+
+def from_swesmith(path: Path) -> Registry:
+    """SWE-smith-style entries, one JSON object each (a JSON list, or JSON lines): ``repo``
+    ("owner/name"), ``image_name``, ``test_cmd``, optional ``commit`` and ``workdir``. Each becomes
+    a docker spec; splits are left to the YAML that imports them."""
+    text = path.read_text()
+    rows = json.loads(text) if path.suffix == ".json" else [json.loads(line) for line in text.splitlines() if line]
+    repos = []
+    for number, row in enumerate(rows, 1):
+        missing = [key for key in ("repo", "image_name", "test_cmd") if key not in row]
+        if missing:
+            raise PropelError(f"{path} entry {number}: missing {', '.join(missing)} (SWE-smith needs repo, "
+                              "image_name, test_cmd)")  # fmt: skip
+        name = row["repo"] + (f"@{row['commit'][:8]}" if row.get("commit") else "")
+        repos.append(RepoSpec(name=name, image=row["image_name"], test_command=row["test_cmd"],
+                              workdir=row.get("workdir", "/testbed")))  # fmt: skip
+    return Registry(repos=repos)

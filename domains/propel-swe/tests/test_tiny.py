@@ -1,0 +1,176 @@
+"""The swe domain end to end on the tiny repository, in the real local sandbox: preflight, the
+verifier's verdicts, scripted agents (bug writer and solver) and the procedural generator."""
+
+import json
+import time
+
+import pytest
+
+from propel_core.domain import make_task
+from propel_core.plugins import Registry
+from propel_core.records import Context
+
+BUG = """\
+--- a/tinystats/core.py
++++ b/tinystats/core.py
+@@ -16,7 +16,7 @@
+ def clamp(value, low, high):
+     if value < low:
+         return low
+-    if value > high:
++    if value > low:
+         return high
+     return value
+"""
+NO_OP_BUG = BUG.replace("+    if value > low:", "+    if high < value:")
+TEST_EDIT = """\
+--- a/tests/test_core.py
++++ b/tests/test_core.py
+@@ -5,2 +5,2 @@
+ def test_mean():
+-    assert mean([1, 2, 3, 4]) == 2.5
++    assert mean([1, 2, 3, 4]) == 3
+"""
+SYNTAX_ERROR = BUG.replace("+    if value > low:", "+    if value >>= high:")
+STALE = BUG.replace("     if value < low:", "     if value <= low:")
+
+
+def scripted(*replies):
+    """A Reply that answers the turns in order and records what it was shown."""
+    seen = []
+
+    def reply(messages):
+        seen.append([dict(m) for m in messages])
+        return replies[len(seen) - 1]
+
+    reply.seen = seen
+    return reply
+
+
+def fenced(tool, body=""):
+    return f"Next step.\n```{tool}\n{body}\n```"
+
+
+def test_preflight(tiny_domain):
+    baseline = tiny_domain.baseline(tiny_domain.repos["tinystats"])
+    assert baseline.status == "ok" and baseline.keep
+    assert baseline.test_count == 7 and baseline.failures == 0
+    assert baseline.tests["tests.test_core::test_clamp"] == "passed"
+    assert set(baseline.test_hashes) == {"tests/test_core.py"}
+    assert [c.id for c in tiny_domain.contexts()] == ["tinystats"]
+
+
+def verify(domain, diff):
+    payload = {"repo": "tinystats", "diff": diff, "turns": ["x"]}
+    return domain.verify(payload), payload
+
+
+def test_a_real_bug_is_valid_and_its_failing_tests_recorded(tiny_domain):
+    validity, payload = verify(tiny_domain, BUG)
+    assert validity.valid, validity.reason
+    assert payload["failing_tests"] == ["tests.test_core::test_clamp"]
+    assert payload["verification"]["outcomes"] == {"passed": 6, "failed": 1}
+
+
+@pytest.mark.parametrize(
+    ("diff", "reason"),
+    [
+        (TEST_EDIT, "touches tests"),
+        (BUG.replace("tinystats/core.py", "../core.py"), "leaves the repository"),
+        (STALE, "does not apply"),
+        (NO_OP_BUG, "no previously passing test fails"),
+        (SYNTAX_ERROR, "(7 gone, 1 new): sabotage"),
+    ],
+)
+def test_the_verifier_refuses(tiny_domain, diff, reason):
+    validity, _ = verify(tiny_domain, diff)
+    assert not validity.valid and reason in validity.reason
+
+
+def test_a_solver_that_reverts_the_bug_solves_it(tiny_domain):
+    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": ["tests.test_core::test_clamp"]}
+    reply = scripted(
+        fenced("bash", "git log --oneline; git status --short"),
+        fenced("show", "tinystats/core.py 16 21"),
+        fenced(
+            "edit",
+            "tinystats/core.py\n<<<<<<< SEARCH\n    if value > low:\n=======\n    if value > high:\n>>>>>>> REPLACE",
+        ),
+        fenced("submit"),
+    )
+    attempt = tiny_domain.solver_episode(payload, reply)
+    record = json.loads(attempt)
+    assert record["stop_reason"] == "stop" and record["status"] == "finished"
+    history = reply.seen[1][-1]["content"]
+    assert "repository" in history and "clamp" not in history  # the bug is not in the git history
+    assert "18      if value > low:" in reply.seen[2][-1]["content"]
+    verdict = tiny_domain.grade(payload, attempt)
+    assert verdict.solved is True, verdict.reason
+
+
+def test_a_solver_that_does_nothing_fails(tiny_domain):
+    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": []}
+    verdict = tiny_domain.grade(payload, tiny_domain.solver_episode(payload, scripted(fenced("submit"))))
+    assert verdict.solved is False and verdict.reason == "the attempt changed nothing"
+
+
+def test_a_fix_that_edits_the_tests_is_not_a_solution(tiny_domain):
+    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": []}
+    cheat = fenced("bash", "sed -i 's/== \\[0, 5, 10\\]/!= None/' tests/test_core.py")
+    verdict = tiny_domain.grade(payload, tiny_domain.solver_episode(payload, scripted(cheat, fenced("submit"))))
+    assert verdict.solved is False and "touches tests" in verdict.reason
+
+
+def test_a_solver_out_of_time_is_ungradable(tiny_domain, monkeypatch):
+    monkeypatch.setattr(tiny_domain, "solver_budget", 2.0)
+    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": []}
+    started = time.monotonic()
+    attempt = tiny_domain.solver_episode(payload, scripted(fenced("bash", "sleep 30"), fenced("submit")))
+    assert time.monotonic() - started < 20
+    assert json.loads(attempt)["stop_reason"] == "timeout"
+    verdict = tiny_domain.grade(payload, attempt)
+    assert verdict.solved is None and "timeout" in verdict.reason
+
+
+def test_scripted_bug_writer_end_to_end(tiny_domain):
+    registry = Registry.build()
+    predicates = {"swe_bug": registry.get("validity_predicates", "swe_bug")}
+    context = Context(id="tinystats", data={"repo": "tinystats"})
+    reply = scripted(
+        "Let me look around first.",
+        fenced("bash", "grep -n 'value > high' tinystats/core.py"),
+        fenced("bash", "sed -i 's/value > high/value > low/' tinystats/core.py && python -m pytest -q -p no:cacheprovider 2>&1 | tail -1"),
+        fenced("submit"),
+    )  # fmt: skip
+    generation = tiny_domain.episode(context, reply, seed=0)
+    trajectory = json.loads(generation)
+    assert trajectory["stop_reason"] == "stop"
+    assert [turn["tool"] for turn in trajectory["turns"]] == [None, "bash", "bash", "submit"]
+    assert trajectory["turns"][0]["output"].startswith("No tool call found")
+    assert trajectory["turns"][1]["output"] == "exit code 0\n18:    if value > high:\n"
+    assert "1 failed, 6 passed" in trajectory["turns"][2]["output"]
+    assert len(trajectory["messages"]) == 2 + 4 + 3  # system, user, 4 assistant turns, 3 tool results
+    task = make_task("t0", tiny_domain, context, generation, "scripted", predicates)
+    assert task.validity.valid, task.validity.reason
+    assert task.text == [turn["assistant"] for turn in trajectory["turns"]]
+    assert task.topic == "tinystats:tinystats/core.py"
+    assert task.payload["failing_tests"] == ["tests.test_core::test_clamp"]
+
+
+def test_stop_reasons(tiny_domain):
+    context = Context(id="tinystats", data={"repo": "tinystats"})
+    talk = json.loads(tiny_domain.episode(context, scripted(*["I am thinking."] * 6), seed=0))
+    assert talk["stop_reason"] == "max_turns" and len(talk["turns"]) == 6
+    cut = json.loads(tiny_domain.episode(context, scripted("```bash\nsed -i 's/a/b/' tinystats/co"), seed=0))
+    assert cut["stop_reason"] == "length" and cut["diff"] == ""
+
+
+def test_procedural_bugs_pass_the_verifier(tiny_domain, monkeypatch):
+    monkeypatch.setattr(tiny_domain, "generator", "procedural")
+    context = Context(id="tinystats", data={"repo": "tinystats"})
+    validities = []
+    for seed in range(6):
+        payload = tiny_domain.parse(tiny_domain.episode(context, None, seed=seed))
+        assert payload["generator"] == "procedural" and payload["diff"].startswith("--- a/tinystats/")
+        validities.append(tiny_domain.verify(payload))
+    assert any(v.valid for v in validities), [v.reason for v in validities]
