@@ -183,7 +183,7 @@ class LocalSandbox:
         for inside, host in binds.items():
             os.chown(host, self.uid, self.uid)
             mounts += ["--bind", str(host), inside]
-        mounts += ["--tmpfs", "/tmp"]
+        mounts += ["--perms", "1777", "--tmpfs", "/tmp"]
         env = {"PATH": f"{self.python_env}/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
         time_limit = time_limit or self.time_limit

@@ -187,7 +187,7 @@ def test_register_sandboxes(register_plugin):
     registry = register_plugin(Plugin)
     sandbox = registry.get("sandboxes", "in_process")(memory_mb=64)
     assert sandbox.run(3) == {"status": "ok", "output": 3}
-    with pytest.raises(Exception, match="unknown sandbox 'firecracker'; installed: .*in_process"):
+    with pytest.raises(Exception, match=r"unknown sandbox 'firecracker'; installed: .*in_process"):
         registry.get("sandboxes", "firecracker")
 
 

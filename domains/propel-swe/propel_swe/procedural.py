@@ -124,17 +124,25 @@ def unified_diff(path: str, before: str, after: str) -> str:
 
 
 def procedural_bug(files: dict[str, str], rng: random.Random, tries: int = 50) -> tuple[str, str] | None:
-    """(description, diff) of one random mutation of ``files`` (path -> source), or None."""
-    candidates: list[Site] = []
+    """(description, diff) of one random mutation of ``files`` (path -> source), or None. The kind
+    of mutation is drawn first, then a site of that kind, so call-heavy code does not make nearly
+    every bug an argument swap."""
+    by_kind: dict[str, list[Site]] = {}
     for path in sorted(files):
         if not files[path].endswith("\n"):
             continue
         try:
-            candidates += sites(path, ast.parse(files[path]))
+            for site in sites(path, ast.parse(files[path])):
+                by_kind.setdefault(site.kind, []).append(site)
         except SyntaxError:
             continue
-    for _ in range(min(tries, len(candidates))):
-        site = candidates.pop(rng.randrange(len(candidates)))
+    for _ in range(tries):
+        if not by_kind:
+            break
+        kind = rng.choice(sorted(by_kind))
+        site = by_kind[kind].pop(rng.randrange(len(by_kind[kind])))
+        if not by_kind[kind]:
+            del by_kind[kind]
         mutated = mutate(site, files[site.path])
         if mutated is not None:
             line = getattr(site.node, "lineno", 0)

@@ -1,28 +1,18 @@
 """Shared fixtures: the tiny repository written for these tests, and six 1.17.0 from its PyPI sdist."""
 
 import shutil
-import subprocess
-import sys
-import tarfile
 from pathlib import Path
 
 import pytest
-import yaml
+from swe_helpers import write_registry
 
 from propel_core.embedded import cache_dir
+from propel_core.errors import PropelError
 from propel_core.plugins import Registry
+from propel_swe.checkout import git_checkout, python_environment, sdist_checkout
 
 DATA = Path(__file__).parent / "data"
 SIX = "six==1.17.0"
-
-
-def git_checkout(folder: Path) -> Path:
-    """Make ``folder`` a git repository with everything committed."""
-    git = ["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run([*git[:3], "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "initial"], check=True)
-    return folder
 
 
 def needs_local_sandbox():
@@ -34,15 +24,10 @@ def needs_local_sandbox():
 @pytest.fixture(scope="session")
 def test_env() -> Path:
     """A virtual environment with pytest only: what the repositories' suites run with."""
-    env = cache_dir() / "swe" / "test-env"
-    if not (env / ".ready").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
-        done = subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                               "pytest"], capture_output=True, text=True)  # fmt: skip
-        if done.returncode != 0:
-            pytest.skip(f"cannot install pytest into a test environment: {done.stderr.strip()[-300:]}")
-        (env / ".ready").touch()
-    return env
+    try:
+        return python_environment(cache_dir() / "swe" / "test-env", ["pytest"])
+    except PropelError as exc:
+        pytest.skip(str(exc))
 
 
 SANDBOX = {"time_limit": 60, "memory_mb": 2048, "max_processes": 64}
@@ -56,24 +41,10 @@ def tiny_repo(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def six_repo(tmp_path_factory) -> Path:
     """six's source distribution, fetched from PyPI once into $PROPEL_CACHE (not committed here)."""
-    downloads = cache_dir() / "swe" / "sdists"
-    archives = sorted(downloads.glob("six-1.17.0.tar.gz"))
-    if not archives:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
-                               SIX, "-d", str(downloads)], capture_output=True, text=True)  # fmt: skip
-        archives = sorted(downloads.glob("six-1.17.0.tar.gz"))
-        if done.returncode != 0 or not archives:
-            pytest.skip(f"cannot fetch {SIX} from PyPI: {done.stderr.strip()[-300:]}")
-    target = tmp_path_factory.mktemp("sdist")
-    with tarfile.open(archives[0]) as archive:
-        archive.extractall(target, filter="data")
-    return git_checkout(target / "six-1.17.0")
-
-
-def write_registry(folder: Path, repos: list[dict], splits: dict | None = None) -> Path:
-    path = folder / "repos.yaml"
-    path.write_text(yaml.safe_dump({"repos": repos, "splits": splits or {}}))
-    return path
+    try:
+        return sdist_checkout(SIX, cache_dir() / "swe" / "sdists", tmp_path_factory.mktemp("sdist"))
+    except PropelError as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="session")
@@ -84,5 +55,17 @@ def tiny_domain(tiny_repo, test_env, tmp_path_factory):
     registry = write_registry(folder, [{"name": "tinystats", "path": str(tiny_repo), "time_budget": 60}])
     return Registry.build().domain(
         "swe", registry=str(registry), preflight_dir=str(folder / "preflight"), max_turns=6, solver_max_turns=6,
+        sandbox_options={**SANDBOX, "python_env": str(test_env)},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def six_domain(six_repo, test_env, tmp_path_factory):
+    """The swe domain on six 1.17.0 (a real project with its own pytest suite), local sandbox."""
+    needs_local_sandbox()
+    folder = tmp_path_factory.mktemp("six-domain")
+    registry = write_registry(folder, [{"name": "six", "path": str(six_repo), "time_budget": 120}])
+    return Registry.build().domain(
+        "swe", registry=str(registry), preflight_dir=str(folder / "preflight"), generator="procedural",
         sandbox_options={**SANDBOX, "python_env": str(test_env)},
     )  # fmt: skip

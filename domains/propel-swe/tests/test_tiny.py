@@ -5,23 +5,12 @@ import json
 import time
 
 import pytest
+from swe_helpers import BUG, fenced, scripted
 
 from propel_core.domain import make_task
 from propel_core.plugins import Registry
 from propel_core.records import Context
 
-BUG = """\
---- a/tinystats/core.py
-+++ b/tinystats/core.py
-@@ -16,7 +16,7 @@
- def clamp(value, low, high):
-     if value < low:
-         return low
--    if value > high:
-+    if value > low:
-         return high
-     return value
-"""
 NO_OP_BUG = BUG.replace("+    if value > low:", "+    if high < value:")
 TEST_EDIT = """\
 --- a/tests/test_core.py
@@ -33,22 +22,6 @@ TEST_EDIT = """\
 """
 SYNTAX_ERROR = BUG.replace("+    if value > low:", "+    if value >>= high:")
 STALE = BUG.replace("     if value < low:", "     if value <= low:")
-
-
-def scripted(*replies):
-    """A Reply that answers the turns in order and records what it was shown."""
-    seen = []
-
-    def reply(messages):
-        seen.append([dict(m) for m in messages])
-        return replies[len(seen) - 1]
-
-    reply.seen = seen
-    return reply
-
-
-def fenced(tool, body=""):
-    return f"Next step.\n```{tool}\n{body}\n```"
 
 
 def test_preflight(tiny_domain):

@@ -1,0 +1,60 @@
+"""Local checkouts and test environments for the ``local`` sandbox, built from what PyPI serves.
+
+A repository for the local sandbox is a git checkout on disk plus a virtual environment holding its
+test dependencies (the sandbox's ``python_env``). ``sdist_checkout`` turns a project's source
+distribution into such a checkout; ``python_environment`` makes the environment.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from propel_core.errors import PropelError
+
+GIT_IDENTITY = ["-c", "user.name=propel", "-c", "user.email=propel@localhost"]
+
+
+def git_checkout(folder: Path) -> Path:
+    """Make ``folder`` a git repository with everything in it committed."""
+    for command in (["init", "-q"], ["add", "-A"], [*GIT_IDENTITY, "commit", "-qm", "initial", "--no-verify"]):
+        done = subprocess.run(["git", "-C", str(folder), *command], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise PropelError(f"git {command[-1]} failed in {folder}: {done.stderr.strip()}")
+    return folder
+
+
+def sdist_checkout(requirement: str, downloads: Path, into: Path) -> Path:
+    """Download ``requirement``'s source distribution (once, into ``downloads``), unpack it under
+    ``into`` and commit it: a clean checkout of the released source with its own tests."""
+    downloads.mkdir(parents=True, exist_ok=True)
+    name, _, version = requirement.partition("==")
+    pattern = f"{name}-{version or '*'}.tar.gz"
+    if not sorted(downloads.glob(pattern)):
+        command = [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps", requirement]
+        done = subprocess.run([*command, "-d", str(downloads)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise PropelError(f"cannot download the sdist of {requirement}: {done.stderr.strip()[-300:]}")
+    archives = sorted(downloads.glob(pattern))
+    if not archives:
+        raise PropelError(f"{requirement} has no .tar.gz source distribution")
+    with tarfile.open(archives[-1]) as archive:
+        top = archive.getnames()[0].split("/")[0]
+        archive.extractall(into, filter="data")
+    return git_checkout(into / top)
+
+
+def python_environment(folder: Path, packages: list[str]) -> Path:
+    """A virtual environment at ``folder`` with ``packages`` installed (kept once it is complete)."""
+    ready = folder / ".propel-ready"
+    if ready.exists() and ready.read_text() == "\n".join(packages):
+        return folder
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(folder)], check=True)
+    done = subprocess.run([str(folder / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                           *packages], capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        raise PropelError(f"cannot install {' '.join(packages)} into {folder}: {done.stderr.strip()[-300:]}")
+    ready.write_text("\n".join(packages))
+    return folder

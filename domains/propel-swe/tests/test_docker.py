@@ -1,0 +1,132 @@
+"""The docker sandbox against a real engine: limits, no network, no socket, timeouts, cleanup, and
+the domain's preflight, verifier and solver trials in containers.
+
+The session starts a private engine (``dockerd --iptables=false --bridge=none``, as root) unless
+``DOCKER_HOST`` or the default socket already answers, imports a base image built from this
+machine's files (no registry needed), and stops the engine at the end. Without an engine the tests
+skip with the reason.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+from swe_helpers import BUG, fenced, scripted, write_registry
+
+from propel_core.plugins import Registry
+from propel_plugins.sandbox import SandboxUnavailable
+from propel_swe.docker_sandbox import LABEL, DockerSandbox
+from propel_swe.image import import_image
+
+IMAGE = "propel-swe-test:base"
+
+
+def _client():
+    import docker
+
+    client = docker.from_env(timeout=60)
+    client.ping()
+    return client
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory, test_env):
+    """A docker client on a running engine with the base image imported."""
+    started = None
+    with pytest.MonkeyPatch.context() as patch:
+        try:
+            client = _client()
+        except Exception as exc:  # no engine answers: start a private one where we can
+            if shutil.which("dockerd") is None or os.geteuid() != 0:
+                pytest.skip(f"no Docker engine ({exc}) and none can be started here (needs dockerd and root)")
+            folder = tmp_path_factory.mktemp("dockerd")
+            socket = folder / "docker.sock"
+            log = (folder / "dockerd.log").open("w")
+            started = subprocess.Popen(
+                ["dockerd", "--iptables=false", "--bridge=none", f"--data-root={folder / 'data'}",
+                 f"--exec-root={folder / 'exec'}", f"--pidfile={folder / 'dockerd.pid'}", f"--host=unix://{socket}"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            patch.setenv("DOCKER_HOST", f"unix://{socket}")
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    client = _client()
+                    break
+                except Exception:
+                    if started.poll() is not None or time.monotonic() > deadline:
+                        started.kill()
+                        pytest.skip(f"dockerd did not start: {(folder / 'dockerd.log').read_text()[-500:]}")
+                    time.sleep(0.5)
+        import_image(client, IMAGE, test_env)
+        yield client
+        for container in client.containers.list(all=True, filters={"label": LABEL}):
+            container.remove(force=True)
+        if started is not None:
+            started.send_signal(signal.SIGTERM)
+            started.wait(60)
+
+
+def leftovers(client):
+    return client.containers.list(all=True, filters={"label": LABEL})
+
+
+def test_limits_no_network_no_socket_and_cleanup(engine, tiny_repo):
+    sandbox = DockerSandbox(base_image=IMAGE, disk_gb=None)
+    with sandbox.workspace(path=tiny_repo) as ws:
+        host = engine.containers.get(ws.container.id).attrs["HostConfig"]
+        assert host["NetworkMode"] == "none" and host["CapDrop"] == ["ALL"] and host["CapAdd"] is None
+        assert host["NanoCpus"] == 2_000_000_000 and host["Memory"] == 4 << 30 and host["PidsLimit"] == 512
+        assert host["SecurityOpt"] == ["no-new-privileges"] and not host["Binds"] and not host["Privileged"]
+        assert engine.containers.get(ws.container.id).attrs["Mounts"] == []
+        interfaces = ws.run("ls /sys/class/net")
+        assert interfaces.stdout.split() == ["lo"]
+        assert ws.run("test -e /var/run/docker.sock").returncode == 1
+        assert ws.run("git log --oneline | wc -l").stdout.strip() == "1"
+        ws.write("notes.txt", b"hello")
+        assert ws.read("notes.txt") == b"hello"
+    assert leftovers(engine) == []
+
+
+def test_disk_limit_fails_closed_where_the_engine_cannot_enforce_it(engine, tiny_repo):
+    sandbox = DockerSandbox(base_image=IMAGE, disk_gb=10)
+    try:
+        with sandbox.workspace(path=tiny_repo) as ws:
+            assert engine.containers.get(ws.container.id).attrs["HostConfig"]["StorageOpt"] == {"size": "10G"}
+    except SandboxUnavailable as exc:
+        assert "set disk_gb: null" in str(exc)
+    assert leftovers(engine) == []
+
+
+def test_a_command_past_its_limit_times_out_and_the_workspace_goes_on(engine, tiny_repo):
+    with DockerSandbox(base_image=IMAGE, disk_gb=None).workspace(path=tiny_repo) as ws:
+        started = time.monotonic()
+        result = ws.run("sleep 60", time_limit=2)
+        assert result.status == "timeout" and time.monotonic() - started < 10
+        assert ws.run("echo still here").stdout == "still here\n"
+    assert leftovers(engine) == []
+
+
+def test_the_domain_in_docker(engine, tiny_repo, tmp_path):
+    registry = write_registry(tmp_path, [{"name": "tinystats", "path": str(tiny_repo)}])
+    domain = Registry.build().domain(
+        "swe", registry=str(registry), preflight_dir=str(tmp_path / "preflight"), sandbox="docker",
+        sandbox_options={"base_image": IMAGE, "disk_gb": None},
+    )  # fmt: skip
+    baseline = domain.baseline(domain.repos["tinystats"])
+    assert baseline.keep and baseline.test_count == 7
+    payload = {"repo": "tinystats", "diff": BUG, "turns": ["x"]}
+    assert domain.verify(payload).valid and payload["failing_tests"] == ["tests.test_core::test_clamp"]
+    fix = fenced(
+        "edit", "tinystats/core.py\n<<<<<<< SEARCH\n    if value > low:\n=======\n    if value > high:\n>>>>>>> REPLACE"
+    )
+    attempt = domain.solver_episode(payload, scripted(fix, fenced("submit")))
+    assert json.loads(attempt)["status"] == "finished"
+    assert domain.grade(payload, attempt).solved is True
+    nothing = domain.solver_episode(payload, scripted(fenced("submit")))
+    assert domain.grade(payload, nothing).solved is False
+    assert leftovers(engine) == []
