@@ -147,6 +147,12 @@ class TrainConfig(Section):
     top_p: float = Field(0.95, gt=0, le=1)
     top_k: int = Field(20, ge=0)
     max_completion_length: int = Field(512, gt=0)
+    max_turn_tokens: int = Field(2048, gt=0, description="multi-turn domains: tokens per generated turn")
+    overlong_buffer: int = Field(
+        0, ge=0, description="DAPO soft overlong penalty over the last N tokens before max_completion_length; 0: off"
+    )
+    mask_truncated_completions: bool = Field(False, description="TRL: leave truncated completions out of the loss")
+    gradient_checkpointing: bool = Field(True, description="TRL's default; off is faster where memory allows")
     lora_r: int = Field(16, gt=0)
     lora_alpha: int = Field(32, gt=0)
     lora_dropout: float = Field(0.05, ge=0, lt=1)

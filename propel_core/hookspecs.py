@@ -138,6 +138,10 @@ def register_sandboxes(register):
     data. A sandbox fails closed: a missing isolation layer is an error unless the options explicitly
     allow running without it.
 
+    A sandbox that runs whole repositories (the SWE domain) also provides ``workspace(path=None,
+    image=None, workdir="/testbed")``: a fresh copy of a checkout with ``run(command, time_limit)``,
+    ``read(path)``, ``write(path, data)`` and ``close()``, removed with everything in it on close.
+
     Domains that execute code name the sandbox they use in their options and get it from
     ``domain.registry``.
     """

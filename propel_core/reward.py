@@ -29,6 +29,10 @@ def reads_probe(rule) -> bool:
     return bool(getattr(rule, "needs", PROBE_SCORES) & PROBE_SCORES)
 
 
+def _text(completion) -> str:
+    return completion if isinstance(completion, str) else completion[-1]["content"]
+
+
 class RewardScorer:
     __name__ = "probe_reward"  # TRL names the reward column after the function
 
@@ -49,15 +53,16 @@ class RewardScorer:
         self.calls = 0
 
     def __call__(
-        self, prompts, completions, context_id=None, completion_ids=None, trainer_state=None, prefill=None, **_
-    ) -> list[float]:
+        self, prompts, completions, context_id=None, completion_ids=None, trainer_state=None, prefill=None,
+        generation=None, **_,
+    ) -> list[float]:  # fmt: skip
+        """``generation``: a multi-turn domain's whole trajectories (from the episode rollouts), which
+        replace prefill + completion as what the task is parsed from."""
         step = trainer_state.global_step if trainer_state is not None else self.calls
         self.calls += 1
         starts = prefill or [prompt_prefill(prompt) for prompt in prompts]
-        tasks = [
-            self.task(i, step, start, completion, context_id)
-            for i, (start, completion) in enumerate(zip(starts, completions, strict=True))
-        ]
+        texts = generation or [start + _text(completion) for start, completion in zip(starts, completions, strict=True)]
+        tasks = [self.task(i, step, text, context_id) for i, text in enumerate(texts)]
         scores = self.scores(tasks)
         limit = self.config.train.max_completion_length
         rewards = []
@@ -89,12 +94,11 @@ class RewardScorer:
     def solver(self):
         return self.run.backend("solver")
 
-    def task(self, i: int, step: int, start: str, completion, context_ids) -> Task:
-        """The task completion ``i`` wrote; ``start`` is the prefilled answer start it continues."""
-        text = completion if isinstance(completion, str) else completion[-1]["content"]
+    def task(self, i: int, step: int, generation: str, context_ids) -> Task:
+        """The task that generation ``i`` of this step is."""
         context = self.contexts.get(context_ids[i]) if context_ids else None
         context = context or Context(id="unknown", data={})
-        return make_task(f"rl-{step}-{i}", self.domain, context, start + text, "policy", self.predicates)
+        return make_task(f"rl-{step}-{i}", self.domain, context, generation, "policy", self.predicates)
 
     def scores(self, tasks: list[Task]) -> list[dict[str, Any]]:
         """The scores the rule needs: probe scores of every task the reference can read (valid or not:

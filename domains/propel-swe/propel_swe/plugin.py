@@ -72,3 +72,18 @@ def register_commands(cli):
             click.echo(f"{row['repo'][:30]:30} {row['status']:10} {row['tests']:6d} {row['failures']:5d} "
                        f"{row['seconds']:8.2f}  {kept}")  # fmt: skip
         click.echo(f"kept {sum(r['kept'] for r in rows)} of {len(rows)}; details in {out}")
+
+    @swe.command()
+    @click.argument("tag")
+    @click.option("--python-env", required=True, type=click.Path(exists=True, file_okay=False),
+                  help="A virtual environment with the repositories' test dependencies.")  # fmt: skip
+    def image(tag: str, python_env: str) -> None:
+        """Build a base image for the docker sandbox from this machine's own files (bash, git, the
+        interpreter, PYTHON_ENV) and docker import it as TAG: for engines that cannot pull."""
+        from pathlib import Path
+
+        from propel_swe.docker_sandbox import DockerSandbox
+        from propel_swe.image import import_image
+
+        image_id = import_image(DockerSandbox(disk_gb=None).client, tag, Path(python_env).absolute())
+        click.echo(f"imported {tag} ({image_id[:19]}); use it as the docker sandbox's base_image")

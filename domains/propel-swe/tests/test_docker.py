@@ -12,7 +12,9 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from swe_helpers import BUG, fenced, scripted, write_registry
@@ -20,7 +22,6 @@ from swe_helpers import BUG, fenced, scripted, write_registry
 from propel_core.plugins import Registry
 from propel_plugins.sandbox import SandboxUnavailable
 from propel_swe.docker_sandbox import LABEL, DockerSandbox
-from propel_swe.image import import_image
 
 IMAGE = "propel-swe-test:base"
 
@@ -62,7 +63,9 @@ def engine(tmp_path_factory, test_env):
                         started.kill()
                         pytest.skip(f"dockerd did not start: {(folder / 'dockerd.log').read_text()[-500:]}")
                     time.sleep(0.5)
-        import_image(client, IMAGE, test_env)
+        done = subprocess.run([str(Path(sys.executable).with_name("propel")), "swe", "image", IMAGE, "--python-env",
+                               str(test_env)], capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0 and f"imported {IMAGE}" in done.stdout, done.stderr
         yield client
         for container in client.containers.list(all=True, filters={"label": LABEL}):
             container.remove(force=True)
