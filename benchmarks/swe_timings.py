@@ -2,9 +2,10 @@
 sdist, in the local sandbox (and in the docker sandbox when an engine is reachable, side by side).
 
 Prints: preflight (the suite once on the clean checkout), one procedural bug, one verification of a
-valid bug, one solver attempt (a scripted solver that reverts the bug) and its grading.
+valid bug, one solver attempt (a scripted solver that reverts the bug) and its grading; with
+``--model-turns N``, one attempt by the embedded model as the solver (N turns at most).
 
-    python benchmarks/swe_timings.py [--docker-image IMAGE]
+    python benchmarks/swe_timings.py [--docker-image IMAGE] [--model-turns N]
 
 ``--docker-image`` names an image with bash, git and Python with pytest (``propel swe image``
 builds one); six is copied into each container.
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import yaml
 
+from propel_core.config import ModelConfig, Sampling
+from propel_core.domain import backend_reply
 from propel_core.embedded import cache_dir
 from propel_core.plugins import Registry
 from propel_core.records import Context
@@ -31,7 +34,7 @@ def timed(action):
     return result, time.monotonic() - started
 
 
-def measure(domain, label: str) -> None:
+def measure(domain, label: str, model_turns: int = 0) -> None:
     repo = domain.repos["six"]
     baseline, preflight_s = timed(lambda: domain.baseline(repo, force=True))
     print(f"[{label}] preflight: {preflight_s:.2f} s ({baseline.test_count} tests, suite {baseline.duration:.2f} s)")
@@ -54,6 +57,15 @@ def measure(domain, label: str) -> None:
     attempt, attempt_s = timed(lambda: domain.solver_episode(valid, lambda messages: next(replies)))
     verdict, grade_s = timed(lambda: domain.grade(valid, attempt))
     print(f"[{label}] solver attempt (2 turns): {attempt_s:.2f} s; grading: {grade_s:.2f} s; solved {verdict.solved}")
+    if model_turns:  # the embedded model as the solver: what a real attempt costs per turn here
+        backend = domain.registry.backend(ModelConfig())
+        reply = backend_reply(backend, Sampling(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=128), seed=0)
+        domain.solver_max_turns = model_turns
+        attempt, attempt_s = timed(lambda: domain.solver_episode(valid, reply))
+        turns = len(json.loads(attempt)["turns"])
+        verdict, grade_s = timed(lambda: domain.grade(valid, attempt))
+        print(f"[{label}] embedded-model solver attempt: {attempt_s:.1f} s for {turns} turns of <= 128 tokens "
+              f"({attempt_s / turns:.1f} s a turn); grading {grade_s:.2f} s; solved {verdict.solved}")  # fmt: skip
     print(json.dumps({"label": label, "preflight_s": preflight_s, "verification_median_s": statistics.median(verified),
                       "solver_attempt_s": attempt_s, "grading_s": grade_s}))  # fmt: skip
 
@@ -61,6 +73,7 @@ def measure(domain, label: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--docker-image", help="also measure the docker sandbox with this base image")
+    parser.add_argument("--model-turns", type=int, default=0, help="also time an embedded-model solver attempt")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -72,7 +85,7 @@ def main() -> None:
         options = {"registry": str(registry_file), "preflight_dir": str(folder / "preflight")}
         options["generator"] = "procedural"
         local = {"time_limit": 120, "memory_mb": 2048, "max_processes": 64, "python_env": str(env)}
-        measure(registry.domain("swe", **options, sandbox="local", sandbox_options=local), "local")
+        measure(registry.domain("swe", **options, sandbox="local", sandbox_options=local), "local", args.model_turns)
         if args.docker_image:
             docker = {"base_image": args.docker_image, "disk_gb": None}
             measure(registry.domain("swe", **options, sandbox="docker", sandbox_options=docker), "docker")

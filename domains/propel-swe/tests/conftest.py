@@ -47,25 +47,22 @@ def six_repo(tmp_path_factory) -> Path:
         pytest.skip(str(exc))
 
 
+def local_domain(name: str, path: Path, test_env: Path, folder: Path, **options):
+    """The swe domain on one repository in the local sandbox, its preflight cached in ``folder``."""
+    needs_local_sandbox()
+    registry = write_registry(folder, [{"name": name, "path": str(path), "time_budget": 120}])
+    return Registry.build().domain("swe", registry=str(registry), preflight_dir=str(folder / "preflight"),
+                                   sandbox_options={**SANDBOX, "python_env": str(test_env)}, **options)  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def tiny_domain(tiny_repo, test_env, tmp_path_factory):
-    """The swe domain on the tiny repository, in the local sandbox, with short budgets."""
-    needs_local_sandbox()
-    folder = tmp_path_factory.mktemp("tiny-domain")
-    registry = write_registry(folder, [{"name": "tinystats", "path": str(tiny_repo), "time_budget": 60}])
-    return Registry.build().domain(
-        "swe", registry=str(registry), preflight_dir=str(folder / "preflight"), max_turns=6, solver_max_turns=6,
-        sandbox_options={**SANDBOX, "python_env": str(test_env)},
-    )  # fmt: skip
+    """The swe domain on the tiny repository, with short turn limits."""
+    return local_domain("tinystats", tiny_repo, test_env, tmp_path_factory.mktemp("tiny"), max_turns=6,
+                        solver_max_turns=6)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 def six_domain(six_repo, test_env, tmp_path_factory):
-    """The swe domain on six 1.17.0 (a real project with its own pytest suite), local sandbox."""
-    needs_local_sandbox()
-    folder = tmp_path_factory.mktemp("six-domain")
-    registry = write_registry(folder, [{"name": "six", "path": str(six_repo), "time_budget": 120}])
-    return Registry.build().domain(
-        "swe", registry=str(registry), preflight_dir=str(folder / "preflight"), generator="procedural",
-        sandbox_options={**SANDBOX, "python_env": str(test_env)},
-    )  # fmt: skip
+    """The swe domain on six 1.17.0 (a real project with its own pytest suite), procedural bugs."""
+    return local_domain("six", six_repo, test_env, tmp_path_factory.mktemp("six"), generator="procedural")
