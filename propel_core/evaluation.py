@@ -106,7 +106,8 @@ def arm_metrics(tasks: list[Task], labels: list[Label], k: int) -> dict:
     """
     valid = [task for task in tasks if task.validity.valid]
     in_band = sum(label.utility == 1 for label in labels)
-    texts = [task.text for task in valid if isinstance(task.text, str)]
+    # a trajectory's turns are read as one text
+    texts = [task.text if isinstance(task.text, str) else "\n".join(task.text) for task in valid if task.text]
     topics = Counter(task.topic for task in valid if task.topic is not None)
     solved = Counter(sum(bool(a.solved) for a in label.attempts) for label in labels)
     metrics = {

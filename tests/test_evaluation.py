@@ -80,6 +80,13 @@ def test_arm_metrics_use_all_generations_as_the_utility_denominator():
     assert arm_metrics(tasks[3:], [], k=4)["self_bleu_3"] is None  # nothing valid to measure
 
 
+def test_a_trajectory_counts_as_its_turns_joined():
+    trajectories = [task(0, True, ["a b", "c d"]), task(1, True, ["a b c", "e"])]
+    metrics = arm_metrics(trajectories, [], k=4)
+    assert metrics["self_bleu_3"] == pytest.approx(self_bleu(["a b\nc d", "a b c\ne"]))
+    assert metrics["distinct_3"] == pytest.approx(distinct(["a b\nc d", "a b c\ne"]))
+
+
 @pytest.mark.parametrize(
     ("n", "c", "k"), [(4, 1, 1), (4, 1, 2), (5, 2, 3), (16, 3, 8), (8, 0, 4), (8, 8, 1), (3, 2, 2)]
 )
