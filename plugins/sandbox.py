@@ -21,6 +21,7 @@ is set, in which case it runs with the layers it has and logs what is missing.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -174,7 +175,7 @@ class LocalSandbox:
         missing = self.missing_layers()
         if missing:
             raise SandboxUnavailable(f"repository commands need every isolation layer; missing: {'; '.join(missing)}")
-        mounts = []
+        mounts = ["--perms", "1777", "--tmpfs", "/tmp"]  # first: an environment may live under the host's /tmp
         base = Path(os.path.realpath(self.python_env / "bin" / "python")).parent.parent
         for prefix in dict.fromkeys((str(base), str(self.python_env))):  # a venv links to its base interpreter
             for parent in reversed(Path(prefix).parents[:-1]):  # traversable even where the host's is not
@@ -183,7 +184,6 @@ class LocalSandbox:
         for inside, host in binds.items():
             os.chown(host, self.uid, self.uid)
             mounts += ["--bind", str(host), inside]
-        mounts += ["--perms", "1777", "--tmpfs", "/tmp"]
         env = {"PATH": f"{self.python_env}/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
         time_limit = time_limit or self.time_limit
@@ -362,14 +362,14 @@ class Workspace:
         return self.sandbox.run_command(command, self.roots, self.workdir, time_limit)
 
     def read(self, path: str, limit: int = 16 << 20) -> bytes:
-        fd = os.open(self._host(path), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = _open_no_symlink(self._host(path), os.O_RDONLY, path)
         with os.fdopen(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise PropelError(f"{path} is not a regular file")
             return handle.read(limit)
 
     def write(self, path: str, data: bytes) -> None:
-        fd = os.open(self._host(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        fd = _open_no_symlink(self._host(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, path)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.chown(self._host(path), self.sandbox.uid, self.sandbox.uid)
@@ -394,6 +394,15 @@ class Workspace:
                     return host
                 raise PropelError(f"{path} leaves the workspace")
         raise PropelError(f"{path} is outside the workspace ({', '.join(self.roots)})")
+
+
+def _open_no_symlink(host: str, flags: int, path: str) -> int:
+    try:
+        return os.open(host, flags | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PropelError(f"{path} is a symbolic link") from None
+        raise
 
 
 def _python_in_mount() -> str:

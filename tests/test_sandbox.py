@@ -1,9 +1,12 @@
 """The local sandbox: result statuses, isolation facts, and failing closed."""
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 
+from propel_core.errors import PropelError
 from propel_plugins.sandbox import STATUSES, LocalSandbox, SandboxUnavailable
 
 
@@ -79,3 +82,24 @@ def test_runs_degraded_only_when_allowed(monkeypatch, caplog):
     assert "local sandbox running WITHOUT: bubblewrap" in caplog.text
     assert box.run_python({"main.py": RESULT.format(value="7")}, "main.py").result == 7
     assert box.run_python({"main.py": "while True:\n    pass"}, "main.py").status == "timeout"
+
+
+def test_repository_commands_use_python_env_even_under_tmp(tmp_path):
+    """A workspace runs commands with its ``python_env`` first on PATH, also where the environment
+    lives under the host's /tmp (the sandbox's own /tmp is private and must not hide it)."""
+    if LocalSandbox(time_limit=10).missing_layers():
+        pytest.skip("repository workspaces need every isolation layer")
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    checkout = tmp_path / "repo"
+    checkout.mkdir()
+    subprocess.run(["git", "-C", str(checkout), "init", "-q"], check=True)
+    sandbox = LocalSandbox(time_limit=20, python_env=str(env))
+    with sandbox.workspace(checkout) as ws:
+        result = ws.run("python -c 'import sys; print(sys.prefix)'; pwd; touch /tmp/x && echo tmp-writable")
+        assert result.stdout.split() == [str(env), "/testbed", "tmp-writable"]
+        ws.run("ln -s /etc/passwd leak")
+        with pytest.raises(PropelError, match="leak is a symbolic link"):
+            ws.read("leak")
+    with pytest.raises(PropelError, match="has no bin/python"):
+        LocalSandbox(python_env=str(tmp_path))
