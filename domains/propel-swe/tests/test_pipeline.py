@@ -22,7 +22,7 @@ def swe_config(tiny_repo, test_env, tmp_path_factory):
             "solver_max_turns": 1, "solver_budget": 120,
             "sandbox_options": {"time_limit": 60, "memory_mb": 2048, "max_processes": 64, "python_env": str(test_env)},
         }},
-        "generate": {"num_tasks": 4},
+        "generate": {"num_tasks": 2},
         "label": {"k": 3, "band_low": 1 / 3, "band_high": 2 / 3, "min_valid_attempts": 2},
         "solver": {"sampling": {"temperature": 0.7, "top_p": 0.95, "top_k": 20, "max_new_tokens": 16}},
         "probe": {"layers": [4, 8], "poolings": ["mean_last_half", "max"], "turn_vector": "last_token",
@@ -47,7 +47,7 @@ def test_generate_label_extract(propel_cli, swe_config):
     path, run = swe_config
     propel_cli("-q", "generate", str(path))
     tasks = [json.loads(line) for line in (run / "tasks.jsonl").read_text().splitlines()]
-    assert len(tasks) == 4 and all(task["payload"]["generator"] == "procedural" for task in tasks)
+    assert len(tasks) == 2 and all(task["payload"]["generator"] == "procedural" for task in tasks)
     valid = [task for task in tasks if task["validity"]["valid"]]
     assert valid, [task["validity"]["reason"] for task in tasks]
     assert all(task["payload"]["failing_tests"] for task in valid)
