@@ -95,8 +95,10 @@ class LocalSandbox:
         self.max_result_bytes = max_result_bytes
         self.uid = uid
         self.python_env = Path(python_env) if python_env else Path(sys.prefix)
-        if not (self.python_env / "bin" / "python").exists():
+        found = [path for name in ("python", "python3") if (path := self.python_env / "bin" / name).exists()]
+        if not found:
             raise PropelError(f"python_env {self.python_env} has no bin/python (give a virtual environment)")
+        self.interpreter = found[0]
         self.bwrap = shutil.which("bwrap")
         self.setpriv = shutil.which("setpriv")
         self.prlimit = shutil.which("prlimit")
@@ -176,7 +178,7 @@ class LocalSandbox:
         if missing:
             raise SandboxUnavailable(f"repository commands need every isolation layer; missing: {'; '.join(missing)}")
         mounts = ["--perms", "1777", "--tmpfs", "/tmp"]  # first: an environment may live under the host's /tmp
-        base = Path(os.path.realpath(self.python_env / "bin" / "python")).parent.parent
+        base = Path(os.path.realpath(self.interpreter)).parent.parent
         for prefix in dict.fromkeys((str(base), str(self.python_env))):  # a venv links to its base interpreter
             for parent in reversed(Path(prefix).parents[:-1]):  # traversable even where the host's is not
                 mounts += ["--perms", "0755", "--dir", str(parent)]
