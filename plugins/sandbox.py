@@ -372,9 +372,9 @@ class Workspace:
 
     def write(self, path: str, data: bytes) -> None:
         fd = _open_no_symlink(self._host(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, path)
+        os.fchown(fd, self.sandbox.uid, self.sandbox.uid)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-        os.chown(self._host(path), self.sandbox.uid, self.sandbox.uid)
 
     def close(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)

@@ -200,14 +200,12 @@ class TokenTurns:
         self.prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         self.completion_ids: list[int] = []
         self.env_mask: list[int] = []
-        self.answered = 0  # messages already in the sequence, after the prompt's own
 
     def reply(self, messages: list[dict[str, str]]) -> str:
         import torch
 
-        if self.answered:  # the tool results since the last turn, framed as the chat template frames them
+        if self.completion_ids:  # the tool results since the last turn, framed as the chat template frames them
             self._extend(self._between(messages), trained=False)
-        self.answered = len(messages) + 1
         room = self.config.max_completion_length - len(self.completion_ids)
         if room <= 0:
             return "```"  # an unfinished call: the episode ends with stop reason `length`

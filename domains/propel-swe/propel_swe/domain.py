@@ -66,6 +66,7 @@ class SWE(Domain):
         self.preflight_dir = Path(preflight_dir) if preflight_dir else cache_dir() / "swe" / "preflight"
         self._sandbox = None
         self._baselines: dict[str, Baseline] = {}
+        self._sources: dict[str, dict[str, str]] = {}
 
     # -- repositories -------------------------------------------------------------------------------
 
@@ -119,14 +120,20 @@ class SWE(Domain):
         return json.dumps({"repo": repo.name, "generator": "agent", **trajectory})
 
     def procedural_episode(self, repo: RepoSpec, seed: int) -> dict[str, Any]:
-        with workspace(self.sandbox, repo) as ws:
-            listed = ws.run("git ls-files -z").stdout.split("\0")
-            files = {path: ws.read(path).decode(errors="replace") for path in source_files(listed)}
-        found = procedural_bug(files, random.Random(seed))
+        found = procedural_bug(self.clean_sources(repo), random.Random(seed))
         description, diff = found if found else ("no mutation site", "")
         turn = {"assistant": f"{description}\n{diff}", "tool": None}
         return {"repo": repo.name, "generator": "procedural", "messages": [], "turns": [turn],
                 "stop_reason": "stop", "seconds": 0.0, "diff": diff}  # fmt: skip
+
+    def clean_sources(self, repo: RepoSpec) -> dict[str, str]:
+        """The clean checkout's code under test (path -> source), read once per repository."""
+        if repo.name not in self._sources:
+            with workspace(self.sandbox, repo) as ws:
+                listed = ws.run("git ls-files -z").stdout.split("\0")
+                self._sources[repo.name] = {path: ws.read(path).decode(errors="replace")
+                                            for path in source_files(listed)}  # fmt: skip
+        return self._sources[repo.name]
 
     def parse(self, generation: str) -> dict[str, Any]:
         try:
