@@ -21,8 +21,8 @@ from pathlib import Path
 import yaml
 
 from propel_core.config import ModelConfig, Sampling
-from propel_core.domain import backend_reply
 from propel_core.embedded import cache_dir
+from propel_core.execution import model_reply
 from propel_core.plugins import Registry
 from propel_core.records import Context
 from propel_swe.checkout import python_environment, sdist_checkout
@@ -59,7 +59,9 @@ def measure(domain, label: str, model_turns: int = 0) -> None:
     print(f"[{label}] solver attempt (2 turns): {attempt_s:.2f} s; grading: {grade_s:.2f} s; solved {verdict.solved}")
     if model_turns:  # the embedded model as the solver: what a real attempt costs per turn here
         backend = domain.registry.backend(ModelConfig())
-        reply = backend_reply(backend, Sampling(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=128), seed=0)
+        reply = model_reply(
+            backend.generate, Sampling(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=128), seed=0
+        )
         domain.solver_max_turns = model_turns
         attempt, attempt_s = timed(lambda: domain.solver_episode(valid, reply))
         turns = len(json.loads(attempt)["turns"])

@@ -49,38 +49,44 @@ class TransformersBackend:
         return prompt_text(self.tokenizer, prompt, self.config.chat_template, self.model_id)
 
     def generate(
-        self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | None = None
+        self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | list[int] | None = None
     ) -> list[list[str]]:
+        """``n`` completions per prompt. Sampled rows each draw from their own random stream, seeded
+        ``seed[i] + r`` for completion ``r`` of prompt ``i`` (an int seeds every prompt alike), so a
+        completion does not depend on the other prompts in the batch."""
         import torch
 
         do_sample = sampling.temperature > 0
-        knobs = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k) if do_sample else {}
-        if seed is not None:
-            torch.manual_seed(seed)
+        seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
+        if len(seeds) != len(prompts):
+            raise PropelError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        copies = n if do_sample else 1  # greedy: the n completions are the same one
+        texts = [self.prompt_text(p) for p in prompts for _ in range(copies)]
+        row_seeds = [None if s is None else s + r for s in seeds for r in range(copies)]
         self.tokenizer.padding_side = "left"  # generation continues from the right edge
-        results: list[list[str]] = []
-        texts = [self.prompt_text(p) for p in prompts]
-        for start in range(0, len(texts), self.config.batch_size):
+        completions: list[str] = []
+        rows_per_call = self.config.batch_size * copies
+        for start in range(0, len(texts), rows_per_call):
             batch = self.tokenizer(
-                texts[start : start + self.config.batch_size],
+                texts[start : start + rows_per_call],
                 return_tensors="pt",
                 padding=True,
                 add_special_tokens=not self.config.chat_template,
             ).to(self.device)
+            # sampled rows are drawn by RowSampler (Gumbel-max), so the greedy step picks them
+            processors = [RowSampler(sampling, row_seeds[start : start + rows_per_call])] if do_sample else []
             with torch.inference_mode():
                 out = self.model.generate(
                     **batch,
-                    do_sample=do_sample,
-                    num_return_sequences=n if do_sample else 1,
+                    do_sample=False,
                     max_new_tokens=sampling.max_new_tokens,
                     pad_token_id=self.tokenizer.pad_token_id,
-                    **knobs,
+                    logits_processor=processors,
                 )
-            completions = self.tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-            if not do_sample:  # greedy: the n completions are the same one
-                completions = [text for text in completions for _ in range(n)]
-            results += [completions[i : i + n] for i in range(0, len(completions), n)]
-        return results
+            completions += self.tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+        if not do_sample:
+            return [[text] * n for text in completions]
+        return [completions[i : i + n] for i in range(0, len(completions), n)]
 
     # -- hidden states ------------------------------------------------------------------------------
 
@@ -118,6 +124,41 @@ class TransformersBackend:
             for handle in handles:
                 handle.remove()
         return HiddenStates(layers={layer: captured[layer] for layer in layers}, mask=batch["attention_mask"])
+
+
+class RowSampler:
+    """A logits processor that samples every row from its own ``torch.Generator``: temperature, top-k
+    and top-p as usual, then Gumbel noise, so that the greedy step of ``generate`` picks an exact sample
+    of the filtered distribution (the Gumbel-max trick). A row's draws do not depend on the batch."""
+
+    def __init__(self, sampling: Sampling, seeds: list[int | None]):
+        import torch
+
+        self.sampling = sampling
+        self.generators = []
+        for seed in seeds:
+            generator = torch.Generator()
+            if seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(seed)
+            self.generators.append(generator)
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        scores = scores.float() / self.sampling.temperature
+        if self.sampling.top_k:
+            kth = torch.topk(scores, min(self.sampling.top_k, scores.shape[-1]), dim=-1).values[..., -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if self.sampling.top_p < 1.0:
+            ordered, order = torch.sort(scores, descending=True, dim=-1)
+            probabilities = ordered.softmax(dim=-1)
+            beyond = probabilities.cumsum(dim=-1) - probabilities > self.sampling.top_p  # the nucleus is full
+            scores = scores.masked_fill(torch.empty_like(beyond).scatter(-1, order, beyond), float("-inf"))
+        uniform = torch.stack([torch.rand(scores.shape[-1], generator=g) for g in self.generators])
+        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1 - 1e-7)))
+        return scores + gumbel.to(scores.device)
 
 
 def _pick_device(device: str) -> str:

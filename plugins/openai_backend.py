@@ -3,8 +3,12 @@ hosted API) as a generator, solver or oracle.
 
 Requests run concurrently (``max_concurrency``); a rate limit (429), a server error (5xx) or a broken
 connection is retried ``max_retries`` times with exponential backoff; any other error stops with the
-server's message. It serves text only: the reference model, which must give hidden states, needs the
-``transformers`` (or ``vllm``) backend.
+server's message. A server that returns fewer choices than ``n`` is asked again for the rest (with
+other seeds); one that returns none stops the run, so a label never holds fewer than K attempts.
+vLLM's and SGLang's request extensions (``top_k``, continuing a prefilled assistant message) are sent
+only with ``server_extensions: true``; without them a prefill is asked for in words. It serves text
+only: the reference model, which must give hidden states, needs the ``transformers`` (or ``vllm``)
+backend.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from propel_core.config import ModelConfig, Sampling
 from propel_core.errors import PropelError
 
 RETRIED = {429, 500, 502, 503, 504}
+#: request fields only vLLM-like servers accept
+EXTENSIONS = frozenset({"top_k", "continue_final_message", "add_generation_prompt"})
+#: without server extensions, a prefilled answer start becomes this request at the end of the user turn
+PREFILL_REQUEST = "Begin your reply with exactly: {start}"
 
 
 @hookimpl
@@ -46,10 +54,11 @@ class OpenAIBackend:
         self.api_key = os.environ.get(model.api_key_env)
 
     def generate(
-        self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | None = None
+        self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | list[int] | None = None
     ) -> list[list[str]]:
+        seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
         with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
-            return list(pool.map(lambda prompt: self._complete(prompt, sampling, n, seed), prompts))
+            return list(pool.map(lambda p, s: self._complete(p, sampling, n, s), prompts, seeds))
 
     def hidden_states(self, texts: list[str], layers: list[int], max_length: int) -> HiddenStates:
         raise PropelError(
@@ -58,20 +67,40 @@ class OpenAIBackend:
         )
 
     def _complete(self, prompt: Prompt, sampling: Sampling, n: int, seed: int | None) -> list[str]:
+        """``n`` completions of one prompt, asking again while the server returns fewer."""
+        texts: list[str] = []
+        while len(texts) < n:
+            more = self._request(prompt, sampling, n - len(texts), None if seed is None else seed + len(texts))
+            if not more:
+                raise PropelError(f"{self.url} returned no choices for a request of n={n - len(texts)}")
+            texts += more
+        return texts
+
+    def _request(self, prompt: Prompt, sampling: Sampling, n: int, seed: int | None) -> list[str]:
+        extensions = self.config.server_extensions
         body: dict[str, Any] = {"model": self.model_id, "n": n, "max_tokens": sampling.max_new_tokens,
                                 "temperature": sampling.temperature, "top_p": sampling.top_p}  # fmt: skip
-        if sampling.top_k:
-            body["top_k"] = sampling.top_k  # a vLLM / SGLang extension; hosted APIs may ignore it
+        if sampling.top_k and extensions:
+            body["top_k"] = sampling.top_k
         if seed is not None:
             body["seed"] = seed
         if isinstance(prompt, str) and not self.config.chat_template:
             choices = self._post("/completions", body | {"prompt": prompt})
             return [choice["text"] for choice in choices]
-        messages = as_messages(prompt)
-        if prefill(prompt):  # continue the final assistant message (vLLM's chat extension)
+        messages, start = as_messages(prompt), prefill(prompt)
+        if start and extensions:  # continue the final assistant message (vLLM's and SGLang's chat extension)
             body |= {"continue_final_message": True, "add_generation_prompt": False}
+        elif start:  # a standard server opens a new reply: ask for the start in words, strip it if echoed
+            request = messages[-2]["content"] if len(messages) > 1 and messages[-2]["role"] == "user" else ""
+            messages = [
+                *messages[:-2],
+                {"role": "user", "content": f"{request}\n\n{PREFILL_REQUEST.format(start=start)}"},
+            ]
         choices = self._post("/chat/completions", body | {"messages": messages})
-        return [choice["message"]["content"] for choice in choices]
+        texts = [choice["message"]["content"] or "" for choice in choices]
+        if start and not extensions:
+            texts = [text.lstrip()[len(start) :] if text.lstrip().startswith(start) else text for text in texts]
+        return texts
 
     def _post(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         headers = {"Content-Type": "application/json"}
@@ -85,6 +114,12 @@ class OpenAIBackend:
                 return sorted(choices, key=lambda choice: choice.get("index", 0))
             except urllib.error.HTTPError as exc:
                 detail = exc.read().decode(errors="replace")[:300]
+                if exc.code == 422 and self.config.server_extensions and EXTENSIONS & set(body):
+                    raise PropelError(
+                        f"{self.url}{path} refused the request ({exc.code}: {detail}); it may not accept vLLM's "
+                        f"extensions ({', '.join(sorted(EXTENSIONS & set(body)))}): set server_extensions: false "
+                        "for this model"
+                    ) from None
                 if exc.code not in RETRIED or attempt == self.config.max_retries:
                     raise PropelError(f"{self.url}{path} answered {exc.code}: {detail}") from None
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:

@@ -40,18 +40,23 @@ class VLLMBackend:
             self.lora = LoRARequest("adapter", 1, model.adapter)
 
     def generate(
-        self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | None = None
+        self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | list[int] | None = None
     ) -> list[list[str]]:
+        """One request per prompt, each with its own seed (``seed[i]``, or ``seed`` for all)."""
         from vllm import SamplingParams
 
-        params = SamplingParams(
-            n=n,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1,
-            max_tokens=sampling.max_new_tokens,
-            seed=seed,
-        )
+        seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else -1,
+                max_tokens=sampling.max_new_tokens,
+                seed=one,
+            )
+            for one in seeds
+        ]
         results: list[list[str] | None] = [None] * len(prompts)
         if not self.config.chat_template:
             texts = [as_text(p) for p in prompts]
@@ -64,8 +69,9 @@ class VLLMBackend:
             if not chosen:
                 continue
             conversations = [as_messages(prompts[i]) for i in chosen]
-            outputs = self.llm.chat(conversations, params, use_tqdm=False, add_generation_prompt=not continuing,
-                                    continue_final_message=continuing, lora_request=self.lora)  # fmt: skip
+            outputs = self.llm.chat(conversations, [params[i] for i in chosen], use_tqdm=False,
+                                    add_generation_prompt=not continuing, continue_final_message=continuing,
+                                    lora_request=self.lora)  # fmt: skip
             for i, output in zip(chosen, outputs, strict=True):
                 results[i] = [completion.text for completion in output.outputs]
         return results

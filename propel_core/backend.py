@@ -62,11 +62,14 @@ class ModelBackend(Protocol):
     model_id: str
 
     def generate(
-        self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | None = None
+        self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | list[int] | None = None
     ) -> list[list[str]]:
         """``n`` completions for each prompt with ``sampling`` (one batched call, not ``n`` calls).
 
-        Sampling is always the caller's: one backend instance serves every role that names its model.
+        ``seed`` seeds every prompt alike, or, as a list, prompt ``i`` with ``seed[i]``; a prompt's
+        completions must depend on its own seed only, never on the other prompts of the call (the
+        executors batch the turns of unrelated jobs). Sampling is always the caller's: one backend
+        instance serves every role that names its model.
         """
 
     def hidden_states(self, texts: list[str], layers: list[int], max_length: int) -> HiddenStates:

@@ -56,6 +56,9 @@ class ModelConfig(Section):
     api_key_env: str = "OPENAI_API_KEY"
     max_concurrency: int = Field(8, gt=0)
     max_retries: int = Field(3, ge=0)
+    server_extensions: bool = Field(
+        True, description="send vLLM/SGLang request fields (top_k, continue_final_message); false for other servers"
+    )
 
 
 def _role(**sampling: Any) -> Any:
@@ -65,6 +68,17 @@ def _role(**sampling: Any) -> Any:
 class DomainConfig(Section):
     name: str = component("domains")
     options: dict[str, Any] = Field(default_factory=dict, description="passed to the domain's factory")
+
+
+class ExecutorConfig(Section):
+    """Where solver attempts and generator episodes run (label, evaluate, generate, the SIL reward,
+    solve-train's evaluation, self-train): ``local`` threads here, ``ray`` tasks on a cluster."""
+
+    name: str = component("executors", "local")
+    workers: int = Field(8, gt=0, description="jobs (attempts or episodes) in flight at once")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the executor's own options (ray: address, resources, num_cpus, max_retries)"
+    )
 
 
 class GenerateConfig(Section):
@@ -245,6 +259,7 @@ class PropelConfig(Section):
     )
     solver: ModelConfig = _role(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=1024)
     domain: DomainConfig
+    executor: ExecutorConfig = ExecutorConfig()
     generate: GenerateConfig = GenerateConfig()
     label: LabelConfig = LabelConfig()
     probe: ProbeConfig = ProbeConfig()

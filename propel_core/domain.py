@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from propel_core.backend import prefill
-from propel_core.records import Context, Label, SolverAttempt, Task, Validity
+from propel_core.records import Context, SolverAttempt, Task, Validity
 
 if TYPE_CHECKING:
-    from propel_core.backend import ModelBackend
-    from propel_core.config import LabelConfig, Sampling
     from propel_core.plugins import Registry
 
 Messages = list[dict[str, str]]
@@ -134,52 +130,3 @@ def grade_attempt(domain: Domain, task: Task, text: str) -> SolverAttempt:
     """One solver attempt at ``task``, graded by its domain."""
     verdict = domain.grade(task.payload, text)
     return SolverAttempt(text=text, solved=verdict.solved, reason=verdict.reason, diagnostics=verdict.diagnostics)
-
-
-def backend_reply(backend: ModelBackend, sampling: Sampling, seed: int | None) -> Reply:
-    """A ``Reply`` from a backend: one completion of the conversation per turn, turn ``i`` seeded
-    ``seed + i``, so an episode is reproducible."""
-    turns = itertools.count()
-
-    def reply(messages: Messages) -> str:
-        turn_seed = None if seed is None else seed + next(turns)
-        return prefill(messages) + backend.generate([messages], sampling, seed=turn_seed)[0][0]
-
-    return reply
-
-
-def generations(
-    domain: Domain, backend: ModelBackend, contexts: list[Context], sampling: Sampling, seed: int
-) -> list[str]:
-    """One generation per context: one batched call, or one episode each in a multi-turn domain."""
-    if domain.multi_turn:
-        return [
-            domain.episode(context, backend_reply(backend, sampling, seed + 1000 * i), seed + 1000 * i)
-            for i, context in enumerate(contexts)
-        ]
-    prompts = [domain.generator_prompt(context) for context in contexts]
-    completions = backend.generate(prompts, sampling, seed=seed)
-    return [prefill(prompt) + text for prompt, (text,) in zip(prompts, completions, strict=True)]
-
-
-def solve(
-    domain: Domain, backend: ModelBackend, tasks: list[Task], sampling: Sampling, k: int, seed: int | None = None
-) -> list[list[str]]:
-    """``k`` solver attempts at each task, in one batched call, each with the prompt's prefill; in a
-    multi-turn domain, ``k`` solver episodes per task."""
-    if domain.multi_turn:
-        base = 0 if seed is None else seed
-        return [
-            [domain.solver_episode(task.payload, backend_reply(backend, sampling, base + 1000 * (k * i + j)))
-             for j in range(k)]
-            for i, task in enumerate(tasks)
-        ]  # fmt: skip
-    prompts = [domain.solver_prompt(task.payload) for task in tasks]
-    completions = backend.generate(prompts, sampling, n=k, seed=seed)
-    return [[prefill(prompt) + text for text in texts] for prompt, texts in zip(prompts, completions, strict=True)]
-
-
-def label_task(domain: Domain, task: Task, texts: list[str], config: LabelConfig) -> Label:
-    """The label that ``texts``, K solver attempts at ``task``, give under the configured band."""
-    graded = [grade_attempt(domain, task, text) for text in texts]
-    return Label.from_attempts(task.id, graded, (config.band_low, config.band_high), config.min_valid_attempts)

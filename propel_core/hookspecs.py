@@ -157,3 +157,23 @@ def register_commands(cli):
     that turns a bad input into :class:`propel_core.errors.PropelError` gets the same one-line error
     and exit status 1 as the core's own verbs.
     """
+
+
+@hookspec
+def register_executors(register):
+    """Contribute executors: where solver attempts and generator episodes run.
+
+    ``register(name: str, factory)`` where ``factory(workers: int, **options)`` returns an object
+    implementing :class:`propel_core.execution.Executor`: ``run(worker, jobs)`` runs every job with
+    ``worker.run(job)`` (a solver attempt, graded, or a generator episode, checked) and yields
+    ``(job, result)`` as each one finishes, in any order; ``in_flight`` counts the jobs running now.
+    ``workers`` is how many jobs may be in flight at once and ``options`` is ``executor.options``.
+
+    A ``Worker`` pickles to its configuration, so an executor may ship it to other processes or
+    machines, where it builds its own domain and backend. The caller is the only writer of run files
+    and every job carries its own seed: an executor must not change what a job computes, only where
+    and when it runs. Leaving the iterator early (an error, Ctrl-C) must stop the remaining jobs.
+
+    Label, evaluate, generate, the solver-in-the-loop reward, solve-train's held-out evaluation and
+    self-train all use the one executor named by ``executor.name``.
+    """

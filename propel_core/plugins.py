@@ -23,6 +23,7 @@ from propel_core.errors import PropelError
 
 DEFAULT_PLUGINS = (
     "propel_plugins.backends",
+    "propel_plugins.executors",
     "propel_plugins.openai_backend",
     "propel_plugins.vllm_backend",
     "propel_plugins.poolers",
@@ -42,6 +43,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "reward_rules": ("register_reward_rules", "reward rule"),
     "context_samplers": ("register_context_samplers", "context sampler"),
     "sandboxes": ("register_sandboxes", "sandbox"),
+    "executors": ("register_executors", "executor"),
 }
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from propel_core.backend import prefill as prompt_prefill
-from propel_core.domain import label_task, make_task, solve
+from propel_core.domain import make_task
 from propel_core.errors import PropelError
+from propel_core.execution import graded_attempts, label_of
 from propel_core.probes import ProbeScorer
 from propel_core.records import Context, Task
 from propel_core.replay import prompt_key
@@ -90,10 +91,6 @@ class RewardScorer:
                 self.replay.add(key, (list(ids), completion), reward, step)
         return replayed
 
-    @property
-    def solver(self):
-        return self.run.backend("solver")
-
     def task(self, i: int, step: int, generation: str, context_ids) -> Task:
         """The task that generation ``i`` of this step is."""
         context = self.contexts.get(context_ids[i]) if context_ids else None
@@ -125,16 +122,11 @@ class RewardScorer:
 
     def solver_utilities(self, tasks: list[Task]) -> dict[int, float]:
         """Utility from K real solver attempts per valid task, graded as the label stage does."""
-        valid = [i for i, task in enumerate(tasks) if task.validity.valid]
-        if not valid:
-            return {}
-        attempts = solve(self.domain, self.solver, [tasks[i] for i in valid], self.config.solver.sampling,
-                         self.config.label.k)  # fmt: skip
-        labels = [
-            label_task(self.domain, tasks[i], texts, self.config.label)
-            for i, texts in zip(valid, attempts, strict=True)
-        ]
-        return {i: float(label.utility or 0) for i, label in zip(valid, labels, strict=True)}  # too few gradable: 0
+        position = {task.id: i for i, task in enumerate(tasks)}
+        valid = [task for task in tasks if task.validity.valid]
+        labels = [label_of(task, attempts, self.config.label) for task, attempts in
+                  graded_attempts(self.run, valid, self.config.label.k, description="solver in the loop")]  # fmt: skip
+        return {position[label.task_id]: float(label.utility or 0) for label in labels}  # too few gradable: 0
 
     def probe_scores(self, tasks: list[Task], out: list[dict[str, Any]]) -> None:
         readable = [i for i, task in enumerate(tasks) if task.text is not None]

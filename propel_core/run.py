@@ -24,6 +24,7 @@ class Run:
     registry: Registry
     quiet: bool = False
     _domain: Domain | None = field(default=None, repr=False)
+    _executor: Any = field(default=None, repr=False)
 
     @property
     def dir(self) -> Path:
@@ -51,15 +52,28 @@ class Run:
             self._domain = self.registry.domain(self.config.domain.name, **self.config.domain.options)
         return self._domain
 
+    def executor(self) -> Any:
+        """The configured executor (``executor.name``), created on first use and shared by the run's stages."""
+        if self._executor is None:
+            executor = self.config.executor
+            self._executor = self.component("executors", executor.name)(workers=executor.workers, **executor.options)
+        return self._executor
+
     def component(self, kind: str, name: str) -> Any:
         return self.registry.get(kind, name)
 
     @contextlib.contextmanager
-    def progress(self, description: str, total: int) -> Iterator[Callable[[int], None]]:
-        """A progress bar (silent with ``-q``); yields ``advance(n)``."""
+    def progress(self, description: str, total: int) -> Iterator[Callable[..., None]]:
+        """A progress bar (silent with ``-q``); yields ``advance(n, in_flight=None)``: ``n`` more done,
+        and how many jobs are running now when the caller knows."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[running]}"), TimeRemainingColumn())  # fmt: skip
         with Progress(*columns, disable=self.quiet, transient=False) as bar:
-            task = bar.add_task(description, total=total)
-            yield lambda n=1: bar.advance(task, n)
+            task = bar.add_task(description, total=total, running="")
+
+            def advance(n: int = 1, in_flight: int | None = None) -> None:
+                bar.update(task, advance=n, **({} if in_flight is None else {"running": f"{in_flight} in flight"}))
+
+            yield advance

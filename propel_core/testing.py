@@ -8,6 +8,11 @@ Fixtures:
   ``@hookimpl`` functions) to the fresh manager and return the rebuilt registry.
 - ``propel_cli(*args, check=True)``: run the installed ``propel`` command as a user would and return
   the completed process (``stdout``, ``stderr``, ``returncode``).
+- ``embedded_backend``: the transformers backend on the embedded default model, loaded once a session.
+- ``loopback_server``: an OpenAI-compatible HTTP server on 127.0.0.1 answering with that model
+  (:class:`LoopbackServer`), one a session; it can fail or drop choices on purpose.
+- ``ray_cluster``: a real two-node Ray cluster on this machine (each node: 2 CPUs and ``sandbox: 2``),
+  started once a session and connected; skipped where Ray is not installed.
 
 Nothing is global: each test gets its own manager, so plugins registered in one test never leak
 into another.
@@ -15,8 +20,12 @@ into another.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -51,3 +60,103 @@ def propel_cli():
         return subprocess.run([str(exe), *args], capture_output=True, text=True, check=check)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def embedded_backend():
+    """The transformers backend on the embedded default model, loaded once per session."""
+    from propel_core.config import ModelConfig
+    from propel_plugins.backends import TransformersBackend
+
+    return TransformersBackend(ModelConfig(batch_size=4))
+
+
+class LoopbackServer:
+    """``/v1/chat/completions`` and ``/v1/completions`` on 127.0.0.1, answered by ``backend`` under the
+    served name ``smol``, one generation at a time. ``failures`` answers that many requests with 503;
+    ``max_choices`` returns at most that many choices (a server that ignores ``n``). ``requests``
+    records (path, body, Authorization header)."""
+
+    def __init__(self, backend, delay: float = 0.0):
+        self.backend, self.delay = backend, delay
+        self.requests: list[tuple[str, dict, str | None]] = []
+        self.failures, self.in_flight, self.most_in_flight = 0, 0, 0
+        self.max_choices: int | None = None
+        self.lock, self.model_lock = threading.Lock(), threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server.lock:
+                    server.requests.append((self.path, body, self.headers.get("Authorization")))
+                    fail = server.failures > 0
+                    server.failures -= fail
+                    server.in_flight += 1
+                    server.most_in_flight = max(server.most_in_flight, server.in_flight)
+                try:
+                    if fail:
+                        return self.answer(503, {"error": "busy"})
+                    if body.get("model") != "smol":
+                        return self.answer(404, {"error": f"model {body.get('model')} is not served"})
+                    self.answer(200, {"choices": server.choices(body)})
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+
+            def answer(self, code, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/v1"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def choices(self, body: dict) -> list[dict]:
+        from propel_core.config import Sampling
+
+        time.sleep(self.delay)  # long enough for concurrent requests to overlap, where a test needs it
+        sampling = Sampling(temperature=body["temperature"], top_p=body["top_p"], top_k=body.get("top_k", 0),
+                            max_new_tokens=body["max_tokens"])  # fmt: skip
+        prompt = body.get("messages") or body["prompt"]
+        n = body["n"] if self.max_choices is None else min(body["n"], self.max_choices)
+        with self.model_lock:  # one model, one generation at a time
+            (texts,) = self.backend.generate([prompt], sampling, n=max(n, 1), seed=body.get("seed"))
+        key = "message" if "messages" in body else "text"
+        choices = [{"index": i, key: {"role": "assistant", "content": t} if key == "message" else t}
+                   for i, t in enumerate(texts[:n])]  # fmt: skip
+        return list(reversed(choices))  # order must not matter
+
+    def close(self) -> None:
+        self.http.shutdown()
+
+
+@pytest.fixture(scope="session")
+def loopback_server(embedded_backend):
+    server = LoopbackServer(embedded_backend)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A two-node Ray cluster on this machine (head and one worker node, 2 CPUs and ``sandbox: 2``
+    each), connected for the session; ``ray_cluster.add_node`` / ``remove_node`` change it."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 2, "resources": {"sandbox": 2}}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    cluster.add_node(**node)
+    ray.init(address=cluster.address, logging_level="warning")
+    cluster.wait_for_nodes()
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()

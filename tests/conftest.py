@@ -33,15 +33,6 @@ def example_plugin(example_plugin_site, monkeypatch) -> Path:
 
 
 @pytest.fixture(scope="session")
-def embedded_backend():
-    """The transformers backend on the embedded default model, loaded once per session."""
-    from propel_core.config import ModelConfig
-    from propel_plugins.backends import TransformersBackend
-
-    return TransformersBackend(ModelConfig(batch_size=4))
-
-
-@pytest.fixture(scope="session")
 def planted_run():
     """``planted_run(folder)`` writes 128 valid countdown tasks (the domain's own example puzzles) and
     labels with a planted signal: a task is 'in band' when its target is above the median, a property

@@ -38,6 +38,17 @@ def test_k_samples_per_prompt_reproducible(embedded_backend):
     assert len({text for group in first for text in group}) > 3  # sampling, not one greedy answer
 
 
+def test_a_completion_depends_on_its_own_seed_not_on_the_batch(embedded_backend):
+    """Each prompt draws from its own stream (seed[i]): alone or beside others, it samples the same."""
+    sampling = Sampling(temperature=1.0, top_p=0.9, top_k=30, max_new_tokens=10)
+    together = embedded_backend.generate(["Name a color.", "Count to three.", "Name a fish."], sampling, n=2,
+                                         seed=[11, 12, 13])  # fmt: skip
+    alone = [embedded_backend.generate([prompt], sampling, n=2, seed=[seed])[0]
+             for prompt, seed in (("Name a color.", 11), ("Count to three.", 12), ("Name a fish.", 13))]  # fmt: skip
+    assert together == alone
+    assert embedded_backend.generate(["Name a color."], sampling, n=2, seed=[99])[0] != together[0]
+
+
 def test_greedy_when_temperature_zero(embedded_backend):
     greedy = Sampling(temperature=0.0, max_new_tokens=6)
     one = embedded_backend.generate(["What is 2+2?"], n=2, sampling=greedy, seed=1)

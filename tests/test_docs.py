@@ -14,7 +14,7 @@ HOOKS = [name for name, obj in inspect.getmembers(hookspecs, inspect.isfunction)
 
 
 def test_hooks_found():
-    assert len(HOOKS) == 9
+    assert len(HOOKS) == 10
 
 
 @pytest.mark.parametrize("hook", HOOKS)

@@ -191,6 +191,49 @@ def test_register_sandboxes(register_plugin):
         registry.get("sandboxes", "firecracker")
 
 
+def test_register_executors(register_plugin, tmp_path):
+    """A third-party executor, chosen by name in config, runs the jobs of a real stage (generate)."""
+    from propel_core.execution import sample_tasks
+    from propel_core.run import Run
+
+    class InOrder:
+        """Runs jobs one after another, in order, and remembers them."""
+
+        def __init__(self, workers, note=""):
+            self.workers, self.note, self.in_flight, self.seen = workers, note, 0, []
+
+        def run(self, worker, jobs):
+            for job in jobs:
+                self.seen.append(job.task_id)
+                yield job, worker.run(job, generate=lambda prompts, sampling, n, seed: [["ab"] for _ in prompts])
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_domains(register):
+            register("tiny", Tiny)
+
+        @staticmethod
+        @hookimpl
+        def register_validity_predicates(register):
+            register("even_length", lambda task, domain: Validity(valid=len(task.payload["text"]) % 2 == 0))
+
+        @staticmethod
+        @hookimpl
+        def register_executors(register):
+            register("in_order", InOrder)
+
+    registry = register_plugin(Plugin)
+    config = validate_config({"run_dir": str(tmp_path), "domain": {"name": "tiny"},
+                              "executor": {"name": "in_order", "workers": 2, "options": {"note": "x"}}}, registry)  # fmt: skip
+    run = Run(config, registry, quiet=True)
+    tasks = sample_tasks(run, config.generator, registry.domain("tiny").contexts() * 3, tmp_path / "tasks.jsonl")
+    assert run.executor().seen == ["t000000", "t000001", "t000002"] and run.executor().note == "x"
+    assert [task.generation for task in tasks] == ["ab"] * 3 and all(task.validity.valid for task in tasks)
+    with pytest.raises(PropelError, match=r"executor.name: unknown executor 'slurm'; installed: .*in_order"):
+        validate_config({"domain": {"name": "tiny"}, "executor": {"name": "slurm"}}, registry)
+
+
 def test_register_commands():
     class Plugin:
         @staticmethod

@@ -21,6 +21,10 @@ PUZZLES = ["Target: 24\nNumbers: 3, 8, 8", "Target: 10\nNumbers: 2, 3, 5", "Targ
 
 @pytest.fixture
 def run_dir(tmp_path) -> Path:
+    return write_run(tmp_path)
+
+
+def write_run(tmp_path: Path) -> Path:
     """A run folder whose tasks.jsonl holds six valid countdown tasks and one invalid one."""
     registry = Registry.build()
     domain = registry.domain("countdown")
@@ -30,15 +34,30 @@ def run_dir(tmp_path) -> Path:
             out.write(make_task(f"t{i}", domain, domain.contexts()[0], text, "hand", predicates))
     (tmp_path / "run.yaml").write_text(
         f"run_dir: {tmp_path}\ndomain: {{name: countdown}}\nlabel: {{k: 3}}\n"
-        "solver: {batch_size: 1, sampling: {max_new_tokens: 24}}\n"
+        "solver: {sampling: {max_new_tokens: 24}}\n"
     )
     return tmp_path
 
 
-def test_labels_every_valid_task(run_dir, propel_cli):
-    out = propel_cli("-q", "label", str(run_dir / "run.yaml")).stdout
+def by_task(path: Path) -> list[Label]:
+    return sorted(read_jsonl(path, Label), key=lambda label: label.task_id)
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(tmp_path_factory) -> list[Label]:
+    """The labels of an uninterrupted run with one worker: what every other run must write."""
+    folder = tmp_path_factory.mktemp("one-worker")
+    write_run(folder)
+    subprocess.run([str(Path(sys.executable).with_name("propel")), "-q", "label", str(folder / "run.yaml"),
+                    "executor.workers=1"], check=True, capture_output=True)  # fmt: skip
+    return by_task(folder / "labels.jsonl")
+
+
+def test_labels_every_valid_task(run_dir, propel_cli, one_at_a_time):
+    out = propel_cli("-q", "label", str(run_dir / "run.yaml"), "executor.workers=4").stdout
     labels = read_jsonl(run_dir / "labels.jsonl", Label)
-    assert [label.task_id for label in labels] == [f"t{i}" for i in range(6)]  # not the invalid t6
+    assert by_task(run_dir / "labels.jsonl") == one_at_a_time  # 4 workers write what 1 writes
+    assert sorted(label.task_id for label in labels) == [f"t{i}" for i in range(6)]  # not the invalid t6
     for label in labels:
         assert len(label.attempts) == 3 and label.band == (1 / 8, 3 / 8)
         solved = sum(bool(a.solved) for a in label.attempts)
@@ -48,10 +67,12 @@ def test_labels_every_valid_task(run_dir, propel_cli):
     assert out.startswith("labeled 6: in band ")
 
 
-def test_resumes_after_kill_9(run_dir):
-    """Kill a labeling process mid-run; the rerun keeps every finished label and writes none twice."""
+def test_resumes_after_kill_9(run_dir, one_at_a_time):
+    """Kill a labeling process with 4 attempts in flight; the rerun keeps every finished label, writes
+    none twice, and ends with exactly the labels of an uninterrupted run."""
     labels_path = run_dir / "labels.jsonl"
-    command = [str(Path(sys.executable).with_name("propel")), "-q", "label", str(run_dir / "run.yaml")]
+    command = [str(Path(sys.executable).with_name("propel")), "-q", "label", str(run_dir / "run.yaml"),
+               "executor.workers=4"]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
@@ -68,6 +89,8 @@ def test_resumes_after_kill_9(run_dir):
     after = read_jsonl(labels_path, Label)
     assert after[: len(before)] == before  # finished labels untouched
     assert sorted(label.task_id for label in after) == [f"t{i}" for i in range(6)]  # each exactly once
+    assert by_task(labels_path) == one_at_a_time
+    assert not (run_dir / "labels.attempts.jsonl").exists()  # the journal goes once every label is whole
 
 
 def test_missing_tasks_is_a_clear_error_and_no_valid_tasks_is_not(tmp_path, propel_cli):

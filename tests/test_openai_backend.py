@@ -1,11 +1,6 @@
 """The openai backend against a real OpenAI-compatible server on loopback, answering with the
 embedded model: chat, plain completions, prefill, n samples, concurrency, retries, errors."""
 
-import json
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from propel_core.config import ModelConfig, Sampling
@@ -15,63 +10,11 @@ from propel_core.plugins import Registry
 pytestmark = pytest.mark.slow
 
 
-class Server:
-    """/v1/chat/completions and /v1/completions served by the embedded model; can fail on purpose."""
-
-    def __init__(self, backend):
-        self.backend, self.requests, self.failures, self.in_flight, self.most_in_flight = backend, [], 0, 0, 0
-        self.lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with server.lock:
-                    server.requests.append((self.path, body, self.headers.get("Authorization")))
-                    fail = server.failures > 0
-                    server.failures -= fail
-                    server.in_flight += 1
-                    server.most_in_flight = max(server.most_in_flight, server.in_flight)
-                try:
-                    if fail:
-                        return self.answer(503, {"error": "busy"})
-                    if body.get("model") != "smol":
-                        return self.answer(404, {"error": f"model {body.get('model')} is not served"})
-                    time.sleep(0.2)  # long enough for concurrent requests to overlap
-                    sampling = Sampling(temperature=body["temperature"], top_p=body["top_p"],
-                                        top_k=body.get("top_k", 0), max_new_tokens=body["max_tokens"])  # fmt: skip
-                    prompt = body.get("messages") or body["prompt"]
-                    with server.lock:  # one model, one generation at a time
-                        (texts,) = server.backend.generate([prompt], sampling, n=body["n"], seed=body.get("seed"))
-                    key = "message" if "messages" in body else "text"
-                    choices = [{"index": i, key: {"role": "assistant", "content": t} if key == "message" else t}
-                               for i, t in enumerate(texts)]  # fmt: skip
-                    self.answer(200, {"choices": list(reversed(choices))})  # order must not matter
-                finally:
-                    with server.lock:
-                        server.in_flight -= 1
-
-            def answer(self, code, payload):
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/v1"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-
-
-@pytest.fixture(scope="module")
-def server(embedded_backend):
-    server = Server(embedded_backend)
-    yield server
-    server.http.shutdown()
+@pytest.fixture
+def server(loopback_server):
+    loopback_server.delay, loopback_server.failures, loopback_server.max_choices = 0.2, 0, None
+    yield loopback_server
+    loopback_server.delay, loopback_server.failures, loopback_server.max_choices = 0.0, 0, None
 
 
 def backend_for(server, **options):
@@ -146,3 +89,24 @@ def test_no_hidden_states_and_clear_config_errors(server):
         Registry.build().backend(
             ModelConfig(model="smol", backend="openai", base_url="http://127.0.0.1:9/v1", max_retries=0)
         ).generate(["x"], SAMPLING)
+
+
+def test_a_server_that_drops_choices_is_asked_again(server):
+    server.max_choices = 1  # a server that ignores n
+    before = len(server.requests)
+    sampling = Sampling(temperature=0.8, max_new_tokens=6)
+    (texts,) = backend_for(server).generate(["Name a color."], sampling, n=3, seed=5)
+    assert len(texts) == 3 and len(server.requests) - before == 3
+    assert [body["seed"] for _, body, _ in server.requests[before:]] == [5, 6, 7]  # other seeds: other samples
+    server.max_choices = 0
+    with pytest.raises(PropelError, match="returned no choices"):
+        backend_for(server).generate(["Name a color."], sampling, n=2)
+
+
+def test_without_server_extensions_only_standard_fields_are_sent(server):
+    messages = [{"role": "user", "content": "Pick a number."}, {"role": "assistant", "content": "Number:"}]
+    sampling = Sampling(temperature=0.7, top_k=20, max_new_tokens=6)
+    backend_for(server, server_extensions=False).generate([messages], sampling)
+    _, body, _ = server.requests[-1]
+    assert not {"top_k", "continue_final_message", "add_generation_prompt"} & set(body)
+    assert body["messages"] == [{"role": "user", "content": "Pick a number.\n\nBegin your reply with exactly: Number:"}]

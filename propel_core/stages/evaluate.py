@@ -14,8 +14,9 @@ from pathlib import Path
 
 from propel_core.errors import PropelError
 from propel_core.evaluation import arm_metrics
+from propel_core.execution import sample_tasks
 from propel_core.run import Run, log
-from propel_core.stages.generate import draw_contexts, sample_tasks
+from propel_core.stages.generate import draw_contexts
 from propel_core.stages.label import label_tasks
 
 #: evaluation draws its contexts and sampling seeds from the run's seed plus this, so the base arm
@@ -55,13 +56,13 @@ def evaluate(run: Run) -> None:
             "label": config.label.model_copy(update={"k": config.evaluate.k}),
         }
     )
-    run = Run(evaluation, run.registry, quiet=run.quiet, _domain=run.domain())
+    run = Run(evaluation, run.registry, quiet=run.quiet, _domain=run.domain(), _executor=run._executor)
     contexts = draw_contexts(run)
     results = {}
     for arm, adapter in adapters(run).items():
         model = config.generator.model_copy(update={"adapter": str(adapter) if adapter else None})
         log.info("evaluating arm %s", arm)
-        tasks = sample_tasks(run, run.registry.backend(model), contexts, folder / arm / "tasks.jsonl")
+        tasks = sample_tasks(run, model, contexts, folder / arm / "tasks.jsonl")
         valid = [task for task in tasks if task.validity.valid]
         labels = label_tasks(run, valid, folder / arm / "labels.jsonl")
         results[arm] = arm_metrics(tasks, labels, config.evaluate.k)

@@ -1,17 +1,18 @@
 """label: the solver attempts every valid task K times; graded attempts give the utility -> labels.jsonl.
 
-This is the expensive stage, so it is append-only and resumable: each label is written as one whole
-flushed line once its task is done, and a rerun (after a crash, Ctrl-C or kill -9) skips every task
-that already has a label. A finished label is never rewritten and never written twice.
+This is the expensive stage, so it is append-only and resumable: the attempts run on the configured
+executor, each finished attempt is journaled (``labels.attempts.jsonl``), and each label is written
+as one whole flushed line once its task's K attempts are done. A rerun (after a crash, Ctrl-C or
+kill -9) skips every task that already has a label and every attempt already journaled; a finished
+label is never rewritten and never written twice.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections import Counter
 from pathlib import Path
 
-from propel_core.domain import label_task, solve
+from propel_core.execution import graded_attempts, journal_path, label_of
 from propel_core.records import JsonlWriter, Label, Task, iter_jsonl
 from propel_core.run import Run, log
 
@@ -33,18 +34,11 @@ def label_tasks(run: Run, tasks: list[Task], path: Path) -> list[Label]:
     if done:
         log.info("%s already has %d labels; %d tasks to go", path.name, len(done), len(todo))
     if todo:
-        domain = run.domain()
-        backend = run.backend("solver")
-        with JsonlWriter(path) as out, run.progress("label", total=len(tasks)) as advance:
-            advance(len(tasks) - len(todo))
-            for start in range(0, len(todo), config.solver.batch_size):
-                chunk = todo[start : start + config.solver.batch_size]
-                # all K attempts of every task in one call; seeded by the chunk's first task id
-                seed = config.seed + zlib.crc32(chunk[0].id.encode())
-                completions = solve(domain, backend, chunk, config.solver.sampling, config.label.k, seed)
-                for task, attempts in zip(chunk, completions, strict=True):
-                    out.write(label_task(domain, task, attempts, config.label))
-                advance(len(chunk))
+        with JsonlWriter(path) as out:
+            for task, attempts in graded_attempts(run, todo, config.label.k, journal=journal_path(path),
+                                                  description="label"):  # fmt: skip
+                out.write(label_of(task, attempts, config.label))
+    journal_path(path).unlink(missing_ok=True)  # every label is whole now
     return list(iter_jsonl(path, Label))
 
 

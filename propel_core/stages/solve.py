@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 
 from propel_core.backend import prefill, prompt_text
-from propel_core.domain import solve
 from propel_core.errors import NotEnoughData, PropelError
 from propel_core.evaluation import paired_comparison, pass_at_k
-from propel_core.records import Context, Label, Task, iter_jsonl
+from propel_core.execution import graded_attempts
+from propel_core.records import Context, Label, SolverAttempt, Task, iter_jsonl
 from propel_core.run import Run, log
 from propel_core.stages.train import load_policy, lora_config, sampled_prompts, train_and_save
 
@@ -134,19 +134,12 @@ def solve_train(run: Run) -> None:
 
 
 def solve_counts(run: Run, tasks: list[Task], adapter: Path | None) -> list[int]:
-    """Successes out of ``solve_train.eval_k`` attempts per task, by the solver (with ``adapter``)."""
-    config = run.config
-    model = config.solver.model_copy(update={"adapter": str(adapter) if adapter else None})
-    backend, domain = run.registry.backend(model), run.domain()
-    counts = []
-    with run.progress(f"solve ({backend.model_id})", total=len(tasks)) as advance:
-        for start in range(0, len(tasks), config.solver.batch_size):
-            chunk = tasks[start : start + config.solver.batch_size]
-            attempts = solve(domain, backend, chunk, config.solver.sampling, config.solve_train.eval_k, config.seed)
-            for task, texts in zip(chunk, attempts, strict=True):
-                counts.append(sum(bool(domain.grade(task.payload, text).solved) for text in texts))
-            advance(len(chunk))
-    return counts
+    """Successes out of ``solve_train.eval_k`` attempts per task, by the solver (with ``adapter``);
+    both arms draw attempt ``j`` of a task with the same seed."""
+    model = run.config.solver.model_copy(update={"adapter": str(adapter) if adapter else None})
+    solved = {task.id: sum(bool(attempt.solved) for attempt in attempts)
+              for task, attempts in graded_attempts(run, tasks, run.config.solve_train.eval_k, model)}  # fmt: skip
+    return [solved[task.id] for task in tasks]
 
 
 def solver_metrics(counts: list[int], k: int) -> dict[str, float]:
@@ -171,19 +164,15 @@ def self_train(run: Run) -> None:
     folder = run.dir / "self_train"
     folder.mkdir(parents=True, exist_ok=True)
     tasks = training_tasks(run, task_file(run, options.tasks), in_band_only=False)
-    backend = run.backend("solver")
     funnel = {"sampled": 0, "verified correct": 0, "one answer": 0, "within length": 0, "no repeated tags": 0,
               "after per-task cap": 0}  # fmt: skip
     kept: list[tuple[Task, str]] = []
-    with run.progress("self-train sampling", total=len(tasks)) as advance:
-        for start in range(0, len(tasks), config.solver.batch_size):
-            chunk = tasks[start : start + config.solver.batch_size]
-            for task, texts in zip(chunk, solve(domain, backend, chunk, config.solver.sampling, options.k,
-                                                config.seed + start), strict=True):  # fmt: skip
-                survivors = keep_clean(domain, task, texts, options, funnel)
-                kept += [(task, text) for text in sorted(survivors, key=len)[: options.per_task_cap]]
-                funnel["after per-task cap"] += min(len(survivors), options.per_task_cap)
-            advance(len(chunk))
+    attempts = dict((task.id, found) for task, found in graded_attempts(run, tasks, options.k,
+                                                                        description="self-train sampling"))  # fmt: skip
+    for task in tasks:  # in task order, whatever order the attempts finished in
+        survivors = keep_clean(attempts[task.id], options, funnel)
+        kept += [(task, text) for text in sorted(survivors, key=len)[: options.per_task_cap]]
+        funnel["after per-task cap"] += min(len(survivors), options.per_task_cap)
     if not kept:
         (folder / "filter_report.json").write_text(json.dumps({"funnel": funnel}, indent=2))
         raise NotEnoughData(f"no attempt survived the filters: {funnel}")
@@ -214,16 +203,15 @@ def self_train(run: Run) -> None:
     train_and_save(trainer, folder)
 
 
-def keep_clean(domain, task: Task, texts: list[str], options, funnel: dict[str, int]) -> list[str]:
-    """The attempts that pass each filter in turn, counting what every filter keeps."""
+def keep_clean(attempts: list[SolverAttempt], options, funnel: dict[str, int]) -> list[str]:
+    """The graded attempts that pass each filter in turn, counting what every filter keeps."""
     survivors = []
-    for text in texts:
+    for attempt in attempts:
+        text, flags = attempt.text, attempt.diagnostics
         funnel["sampled"] += 1
-        verdict = domain.grade(task.payload, text)
-        if not verdict.solved:
+        if not attempt.solved:
             continue
         funnel["verified correct"] += 1
-        flags = verdict.diagnostics
         if flags.get("multiple_answers") or flags.get("missing_answer"):
             continue
         funnel["one answer"] += 1

@@ -1,0 +1,212 @@
+"""The built-in executors: ``local`` (jobs in threads on this machine, model turns batched) and ``ray``
+(jobs as Ray tasks on a cluster, scheduled where a sandbox can run)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+from propel_core import hookimpl
+from propel_core.errors import PropelError
+from propel_core.execution import Job, Worker
+
+
+@hookimpl
+def register_executors(register):
+    register("local", LocalExecutor)
+    register("ray", RayExecutor)
+
+
+class Stopped(PropelError):
+    """The run is stopping (an error elsewhere, or Ctrl-C); the job asking for the model ends here."""
+
+
+class TurnBatcher:
+    """Gathers the model turns of concurrent jobs into one ``generate`` call, as a serving engine would.
+
+    A job's request waits until every running job is waiting for the model too, or ``linger`` seconds
+    have passed since the first waiting request (a job busy in its sandbox is not waited for longer).
+    Each request keeps its own seeds, so batching never changes a completion. ``calls`` counts the
+    backend calls made.
+    """
+
+    def __init__(self, generate, linger: float = 0.05):
+        self.generate, self.linger = generate, linger
+        self.cond = threading.Condition()
+        self.pending: list[tuple[tuple, Future]] = []
+        self.active, self.calls, self.closed = 0, 0, False
+        self.thread = threading.Thread(target=self._serve, name="propel-turns", daemon=True)
+        self.thread.start()
+
+    def __call__(self, prompts, sampling, n=1, seed=None) -> list[list[str]]:
+        future: Future = Future()
+        with self.cond:
+            if self.closed:
+                raise Stopped("the run is stopping")
+            self.pending.append(((prompts, sampling, n, seed), future))
+            self.cond.notify_all()
+        return future.result()
+
+    def job_started(self) -> None:
+        with self.cond:
+            self.active += 1
+
+    def job_finished(self) -> None:
+        with self.cond:
+            self.active -= 1
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        self.thread.join()
+
+    def _serve(self) -> None:
+        while True:
+            with self.cond:
+                while not self.pending and not self.closed:
+                    self.cond.wait()
+                deadline = time.monotonic() + self.linger
+                while not self.closed and len(self.pending) < self.active and time.monotonic() < deadline:
+                    self.cond.wait(deadline - time.monotonic())
+                batch, self.pending = self.pending, []
+                if self.closed:
+                    for _, future in batch:
+                        future.set_exception(Stopped("the run is stopping"))
+                    return
+            self._answer(batch)
+
+    def _answer(self, batch: list[tuple[tuple, Future]]) -> None:
+        """One backend call per kind of request (same sampling and n), seeds per prompt."""
+        groups: dict[str, list[tuple[tuple, Future]]] = {}
+        for request in batch:
+            (_, sampling, n, _), _ = request
+            groups.setdefault(f"{n}:{sampling.model_dump_json()}", []).append(request)
+        for requests in groups.values():
+            prompts = [prompt for (prompts, *_), _ in requests for prompt in prompts]
+            seeds = [seed for (prompts, _, _, seeds), _ in requests for seed in _seeds(seeds, len(prompts))]
+            (_, sampling, n, _), _ = requests[0]
+            try:
+                self.calls += 1
+                completions = self.generate(prompts, sampling, n=n, seed=seeds)
+            except BaseException as exc:  # the jobs that asked get the error; the batcher keeps serving
+                for _, future in requests:
+                    future.set_exception(exc)
+                continue
+            for (prompts_of_request, *_), future in requests:
+                future.set_result(completions[: len(prompts_of_request)])
+                completions = completions[len(prompts_of_request) :]
+
+
+def _seeds(seed, count: int) -> list[int | None]:
+    return list(seed) if isinstance(seed, list) else [seed] * count
+
+
+class LocalExecutor:
+    """``workers`` jobs at once in threads of this process, each with its own sandbox or workspace.
+    Model turns of concurrent jobs go to the model as one batched call (an in-process model) or as
+    concurrent requests (a served model through the ``openai`` backend)."""
+
+    def __init__(self, workers: int = 8, linger: float = 0.05):
+        self.workers, self.linger, self.in_flight = workers, linger, 0
+        self.generate_calls = 0
+
+    def run(self, worker: Worker, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
+        batcher = TurnBatcher(worker.generate, self.linger)
+
+        def one(job: Job):
+            batcher.job_started()
+            try:
+                return worker.run(job, generate=batcher)
+            finally:
+                batcher.job_finished()
+
+        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="propel-job")
+        queue = list(reversed(jobs))
+        running: dict[Future, Job] = {}
+        try:
+            while queue or running:
+                while queue and len(running) < self.workers:
+                    job = queue.pop()
+                    running[pool.submit(one, job)] = job
+                self.in_flight = len(running)
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    job = running.pop(future)
+                    self.in_flight = len(running)
+                    yield job, future.result()
+        finally:
+            self.in_flight = 0
+            batcher.close()  # jobs still running stop at their next model turn
+            pool.shutdown(wait=True, cancel_futures=True)
+            self.generate_calls += batcher.calls
+
+
+def _listing(resources: dict[str, float]) -> str:
+    return ", ".join(f"{name}: {amount:g}" for name, amount in sorted(resources.items()) if "." not in name)
+
+
+_WORKERS: dict[str, Worker] = {}
+
+
+def _run_job(worker: Worker, job: Job):
+    """A Ray task: one job, with this process's cached copy of the worker (domain, backend)."""
+    cached = _WORKERS.setdefault(worker.key(), worker)
+    return cached.run(job)
+
+
+class RayExecutor:
+    """Jobs as Ray tasks on the cluster at ``address`` (or ``RAY_ADDRESS``; neither: a Ray instance
+    started on this machine). A job is scheduled only where ``resources`` are free (say ``{docker: 1}``,
+    declared per node with ``ray start --resources``); a job lost with its worker or node is retried
+    by Ray up to ``max_retries`` times, with the same seed. An error raised by a job stops the run."""
+
+    def __init__(
+        self, workers: int = 8, address: str | None = None, resources: dict[str, float] | None = None,
+        num_cpus: float = 1, max_retries: int = 3,
+    ):  # fmt: skip
+        try:
+            import ray
+        except ImportError:
+            raise PropelError("the ray executor needs Ray: pip install 'propel-core[ray]'") from None
+        self.ray, self.workers, self.in_flight = ray, workers, 0
+        address = address or os.environ.get("RAY_ADDRESS")
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, logging_level="warning")
+        options = dict(num_cpus=num_cpus, resources=dict(resources or {}), max_retries=max_retries)
+        self.remote = ray.remote(_run_job).options(**options, retry_exceptions=False)
+        needed = {"CPU": num_cpus, **(resources or {})}
+        available = ray.cluster_resources()
+        missing = [name for name, amount in needed.items() if available.get(name, 0) < amount]
+        if missing:
+            raise PropelError(
+                f"no node of the Ray cluster offers {', '.join(f'{name}: {needed[name]}' for name in missing)} "
+                f"(cluster resources: {_listing(available)}); "
+                "declare them with `ray start --resources`, or change executor.options"
+            )
+
+    def run(self, worker: Worker, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
+        ray = self.ray
+        shipped = ray.put(worker)
+        queue = list(reversed(jobs))
+        running: dict[Any, Job] = {}
+        try:
+            while queue or running:
+                while queue and len(running) < self.workers:
+                    job = queue.pop()
+                    running[self.remote.remote(shipped, job)] = job
+                self.in_flight = len(running)
+                finished, _ = ray.wait(list(running), num_returns=1)
+                for ref in finished:
+                    job = running.pop(ref)
+                    self.in_flight = len(running)
+                    yield job, ray.get(ref)
+        finally:
+            self.in_flight = 0
+            for ref in running:
+                ray.cancel(ref, force=True)

@@ -1,0 +1,239 @@
+"""The expensive half, in one place: solver attempts and generator episodes, run by an executor.
+
+A *job* is one solver attempt at a task (attempt ``j`` of K, graded) or one generator episode on a
+context (parsed and checked into a Task). Every stage that needs either (``label``, ``evaluate``,
+``generate``, the solver-in-the-loop reward, ``solve-train``'s held-out evaluation and
+``self-train``) calls :func:`graded_attempts` or :func:`sample_tasks` here; an *executor* plugin
+(``executor.name``: ``local`` threads on this machine, ``ray`` tasks on a cluster) decides where the
+jobs run. The calling process (the driver) is the only one that writes run files.
+
+Each job carries its own seed, drawn from (run seed, task id, attempt index), never from its place in
+a batch, so what a run writes does not depend on the executor, the number of workers, the order in
+which jobs finish or where a resumed run starts again.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from propel_core.backend import prefill
+from propel_core.config import DomainConfig, LabelConfig, ModelConfig, Sampling
+from propel_core.domain import Messages, Reply, grade_attempt, make_task
+from propel_core.errors import PropelError
+from propel_core.records import Context, JsonlWriter, Label, Record, SolverAttempt, Task, iter_jsonl
+
+if TYPE_CHECKING:
+    from propel_core.plugins import Registry
+    from propel_core.run import Run
+
+#: a backend's ``generate``: (prompts, sampling, n, seed) -> n completions per prompt
+Generate = Callable[..., list[list[str]]]
+
+
+def job_seed(seed: int, key: str, index: int = 0) -> int:
+    """The seed of job ``index`` of ``key`` (a task id) in a run seeded ``seed``: the same in any
+    process, on any machine, whatever else runs beside it."""
+    return zlib.crc32(f"{seed}/{key}/{index}".encode())
+
+
+@dataclass(frozen=True, eq=False)
+class Attempt:
+    """Solver attempt ``index`` at ``task``."""
+
+    task: Task
+    index: int
+    seed: int
+
+
+@dataclass(frozen=True, eq=False)
+class Episode:
+    """One generation: the generator's episode on ``context``, to become task ``task_id``."""
+
+    task_id: str
+    context: Context
+    seed: int
+
+
+Job = Attempt | Episode
+
+
+def model_reply(generate: Generate, sampling: Sampling, seed: int) -> Reply:
+    """A ``Reply`` that asks the model for one completion of the conversation per turn; turn ``i`` is
+    seeded ``seed + i``, so an episode replays exactly. The reply includes the prompt's prefill."""
+    turn = 0
+
+    def reply(messages: Messages) -> str:
+        nonlocal turn
+        turn += 1
+        return prefill(messages) + generate([messages], sampling, n=1, seed=[seed + turn - 1])[0][0]
+
+    return reply
+
+
+class Worker:
+    """What a job runs with: the run's domain and one model role with its sampling.
+
+    Pickled (to a Ray worker) it keeps only its configuration; the process that unpickles it builds
+    its own registry, domain and backend on first use.
+    """
+
+    def __init__(
+        self, domain: DomainConfig, model: ModelConfig, sampling: Sampling, registry: Registry | None = None,
+        built_domain: Any = None,
+    ):  # fmt: skip
+        self.domain_config, self.model, self.sampling = domain, model, sampling
+        self._registry, self._domain = registry, built_domain
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"domain_config": self.domain_config, "model": self.model, "sampling": self.sampling}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _registry=None, _domain=None)
+
+    def key(self) -> str:
+        """Workers with equal keys run jobs the same way (Ray workers cache one per key)."""
+        return "\n".join(part.model_dump_json() for part in (self.domain_config, self.model, self.sampling))
+
+    @property
+    def registry(self) -> Registry:
+        if self._registry is None:
+            from propel_core.plugins import Registry
+
+            self._registry = Registry.build()
+        return self._registry
+
+    @property
+    def domain(self):
+        if self._domain is None:
+            self._domain = self.registry.domain(self.domain_config.name, **self.domain_config.options)
+        return self._domain
+
+    @property
+    def backend(self):
+        return self.registry.backend(self.model)
+
+    def generate(self, prompts, sampling, n=1, seed=None) -> list[list[str]]:
+        """The model, loaded on first use (a procedural generator never loads it)."""
+        return self.backend.generate(prompts, sampling, n=n, seed=seed)
+
+    def run(self, job: Job, generate: Generate | None = None) -> SolverAttempt | Task:
+        """Run one job; ``generate`` replaces the backend's (the local executor's batched turns)."""
+        domain, reply = self.domain, model_reply(generate or self.generate, self.sampling, job.seed)
+        if isinstance(job, Attempt):
+            payload = job.task.payload
+            text = domain.solver_episode(payload, reply) if domain.multi_turn else reply(domain.solver_prompt(payload))
+            return grade_attempt(domain, job.task, text)
+        if domain.multi_turn:
+            generation = domain.episode(job.context, reply, job.seed)
+        else:
+            generation = reply(domain.generator_prompt(job.context))
+        predicates = {name: self.registry.get("validity_predicates", name) for name in domain.validity_predicates}
+        return make_task(job.task_id, domain, job.context, generation, self.backend.model_id, predicates)
+
+
+class Executor(Protocol):
+    """What ``register_executors`` components return: something that runs jobs somewhere."""
+
+    #: jobs started and not yet finished, for progress displays
+    in_flight: int
+
+    def run(self, worker: Worker, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
+        """Run every job with ``worker`` and yield ``(job, result)`` as each one finishes, in any order.
+        Leaving the iterator early (an error, Ctrl-C) stops the jobs still running or queued."""
+
+
+class AttemptRecord(Record):
+    """One finished attempt, journaled before its task's label is complete."""
+
+    task_id: str
+    index: int
+    attempt: SolverAttempt
+
+
+def journal_path(path: Path) -> Path:
+    """Where finished attempts of unfinished labels wait: ``labels.jsonl`` -> ``labels.attempts.jsonl``."""
+    return path.with_suffix(".attempts.jsonl")
+
+
+def graded_attempts(
+    run: Run, tasks: list[Task], k: int, model: ModelConfig | None = None, journal: Path | None = None,
+    description: str = "solve",
+) -> Iterator[tuple[Task, list[SolverAttempt]]]:  # fmt: skip
+    """K graded solver attempts at every task, yielded per task once all K are done (tasks in any
+    order, attempts in index order). ``model`` replaces the configured solver (an adapter, say).
+
+    With ``journal``, every finished attempt is appended there first and a rerun redoes only the
+    attempts the journal lacks, so an interrupted label loses no finished solver run.
+    """
+    model = model or run.config.solver
+    done: dict[str, dict[int, SolverAttempt]] = defaultdict(dict)
+    if journal is not None:
+        wanted = {task.id for task in tasks}
+        for record in iter_jsonl(journal, AttemptRecord):
+            if record.task_id in wanted and record.index < k:
+                done[record.task_id][record.index] = record.attempt
+    by_id = {task.id: task for task in tasks}
+    jobs = [Attempt(task, j, job_seed(run.config.seed, task.id, j)) for task in tasks for j in range(k)
+            if j not in done[task.id]]  # fmt: skip
+    complete = [task for task in tasks if len(done[task.id]) == k]
+    for task in complete:
+        yield task, [done[task.id][j] for j in range(k)]
+    if not jobs:
+        return
+    worker = Worker(run.config.domain, model, model.sampling, run.registry, run.domain())
+    writer = JsonlWriter(journal) if journal is not None else None
+    try:
+        with run.progress(f"{description} ({model.model or 'embedded'}, K={k})", total=len(tasks)) as advance:
+            advance(len(complete))
+            for job, attempt in run.executor().run(worker, jobs):
+                found = done[job.task.id]
+                found[job.index] = attempt
+                if writer is not None:
+                    writer.write(AttemptRecord(task_id=job.task.id, index=job.index, attempt=attempt))
+                finished = len(found) == k
+                advance(int(finished), in_flight=run.executor().in_flight)
+                if finished:
+                    yield by_id[job.task.id], [found[j] for j in range(k)]
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def label_of(task: Task, attempts: list[SolverAttempt], config: LabelConfig) -> Label:
+    """The label that K graded attempts give under the configured band."""
+    if len(attempts) != config.k:
+        raise PropelError(f"task {task.id} has {len(attempts)} graded attempts, not K={config.k}")
+    return Label.from_attempts(task.id, attempts, (config.band_low, config.band_high), config.min_valid_attempts)
+
+
+def task_id(index: int) -> str:
+    return f"t{index:06d}"
+
+
+def sample_tasks(run: Run, model: ModelConfig, contexts: list[Context], path: Path) -> list[Task]:
+    """One task per context (task ``i`` from ``contexts[i]``), appended to ``path`` as each episode
+    finishes; tasks already there are kept and not redone. Generation ``i`` is seeded by its task id,
+    so a resumed run, another executor, or another model given the same contexts uses the same seeds.
+    """
+    done = {task.id for task in iter_jsonl(path, Task)}
+    jobs = [Episode(task_id(i), context, job_seed(run.config.seed, task_id(i)))
+            for i, context in enumerate(contexts) if task_id(i) not in done]  # fmt: skip
+    if done and jobs:
+        from propel_core.run import log
+
+        log.info("%s already has %d tasks; %d to go", path.name, len(done), len(jobs))
+    if jobs:
+        worker = Worker(run.config.domain, model, model.sampling, run.registry, run.domain())
+        with JsonlWriter(path) as out, run.progress(f"generate ({model.model or 'embedded'})",
+                                                    total=len(contexts)) as advance:  # fmt: skip
+            advance(len(contexts) - len(jobs))
+            for _, task in run.executor().run(worker, jobs):
+                out.write(task)
+                advance(1, in_flight=run.executor().in_flight)
+    order = {task_id(i): i for i in range(len(contexts))}
+    return sorted(iter_jsonl(path, Task), key=lambda task: order.get(task.id, len(order)))

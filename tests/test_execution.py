@@ -1,0 +1,143 @@
+"""The execution layer on the embedded model: concurrent episodes with batched turns give the same
+trajectories as one at a time, with fewer model calls; generate killed and resumed writes what an
+uninterrupted run writes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from propel_core import hookimpl
+from propel_core.config import DomainConfig, ModelConfig, Sampling
+from propel_core.domain import Domain, ParseError, Verdict
+from propel_core.execution import Attempt, Episode, Worker, job_seed, task_id
+from propel_core.records import Context, Task, read_jsonl
+from propel_plugins.executors import LocalExecutor
+
+pytestmark = pytest.mark.slow
+
+TOPICS = ("color", "fruit", "river", "planet", "tool", "bird", "city", "metal")
+
+
+class Talk(Domain):
+    """A multi-turn domain with no sandbox: each episode is three model turns."""
+
+    multi_turn = True
+
+    def contexts(self):
+        return [Context(id=topic, data={"topic": topic}) for topic in TOPICS]
+
+    def generator_prompt(self, context):
+        return [{"role": "user", "content": f"Name a {context.data['topic']}."}]
+
+    def episode(self, context, reply, seed):
+        messages, turns = self.generator_prompt(context), []
+        for _ in range(3):
+            turns.append(reply(messages))
+            messages += [{"role": "assistant", "content": turns[-1]}, {"role": "user", "content": "Another one."}]
+        return json.dumps(turns)
+
+    def parse(self, generation):
+        try:
+            return {"turns": json.loads(generation)}
+        except ValueError:
+            raise ParseError("not JSON") from None
+
+    def render(self, payload):
+        return payload["turns"]
+
+    def solver_prompt(self, payload):
+        return [{"role": "user", "content": f"Say it again: {payload['turns'][0]}"}]
+
+    def solver_episode(self, payload, reply):
+        messages = self.solver_prompt(payload)
+        first = reply(messages)
+        return first + "\n" + reply([*messages, {"role": "assistant", "content": first},
+                                     {"role": "user", "content": "Once more."}])  # fmt: skip
+
+    def grade(self, payload, attempt):
+        return Verdict(payload["turns"][0].split()[:1] == attempt.split()[:1])
+
+
+class TalkPlugin:
+    @staticmethod
+    @hookimpl
+    def register_domains(register):
+        register("talk", Talk)
+
+
+def run_all(worker, jobs, workers):
+    executor = LocalExecutor(workers=workers)
+    results = dict(executor.run(worker, jobs))
+    return results, executor.generate_calls
+
+
+def test_batched_turns_give_the_same_episodes_with_fewer_calls(register_plugin):
+    """Greedy episodes, then sampled attempts (each row draws from its own seeded stream)."""
+    registry = register_plugin(TalkPlugin)
+    greedy = Sampling(temperature=0.0, max_new_tokens=8)
+    worker = Worker(DomainConfig(name="talk"), ModelConfig(), greedy, registry, registry.domain("talk"))
+    episodes = [Episode(task_id(i), context, job_seed(0, task_id(i))) for i, context in
+                enumerate(worker.domain.contexts())]  # fmt: skip
+    batched, batched_calls = run_all(worker, episodes, workers=8)
+    alone, alone_calls = run_all(worker, episodes, workers=1)
+    assert {job.task_id: task for job, task in batched.items()} == {job.task_id: task for job, task in alone.items()}
+    assert alone_calls == 24 and batched_calls <= 6  # 8 episodes x 3 turns, one at a time vs batched
+
+    tasks = [task for task in batched.values() if task.validity.valid]
+    worker.sampling = Sampling(temperature=0.9, top_p=0.95, max_new_tokens=8)
+    attempts = [Attempt(task, j, job_seed(0, task.id, j)) for task in tasks[:4] for j in range(2)]
+    solved_batched, calls = run_all(worker, attempts, workers=8)
+    solved_alone, _ = run_all(worker, attempts, workers=1)
+    assert {(job.task.id, job.index): a for job, a in solved_batched.items()} == {
+        (job.task.id, job.index): a for job, a in solved_alone.items()
+    }
+    assert calls <= 4
+
+
+def test_a_failing_job_stops_the_run_and_the_others(register_plugin):
+    registry = register_plugin(TalkPlugin)
+    worker = Worker(DomainConfig(name="talk"), ModelConfig(), Sampling(max_new_tokens=4), registry,
+                    registry.domain("talk"))  # fmt: skip
+    broken = Task(id="x", domain="talk", context_id="c", generation="", payload={"turns": []},
+                  validity={"valid": True}, generator="m")  # fmt: skip
+    jobs = [Attempt(broken, j, j) for j in range(6)]
+    executor = LocalExecutor(workers=3)
+    with pytest.raises(IndexError):
+        list(executor.run(worker, jobs))
+    assert executor.in_flight == 0
+
+
+def generate_config(folder: Path) -> Path:
+    path = folder / "run.yaml"
+    path.write_text(
+        f"run_dir: {folder}\ndomain: {{name: arithmetic}}\ngenerate: {{num_tasks: 16}}\nexecutor: {{workers: 4}}\n"
+        "generator: {batch_size: 4, sampling: {temperature: 1.0, top_p: 0.95, max_new_tokens: 20}}\n"
+    )
+    return path
+
+
+def test_generate_killed_and_resumed_writes_what_an_uninterrupted_run_writes(tmp_path, propel_cli):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir(), cut.mkdir()
+    propel_cli("-q", "generate", str(generate_config(whole)))
+    command = [str(Path(sys.executable).with_name("propel")), "-q", "generate", str(generate_config(cut))]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tasks_path, deadline = cut / "tasks.jsonl", time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if tasks_path.exists() and tasks_path.read_bytes().count(b"\n") >= 5:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "generate finished before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert 5 <= len(read_jsonl(tasks_path, Task)) < 16
+    propel_cli("-q", "generate", str(cut / "run.yaml"))
+    by_id = lambda path: sorted(read_jsonl(path, Task), key=lambda task: task.id)  # noqa: E731
+    assert by_id(tasks_path) == by_id(whole / "tasks.jsonl")
+    assert len(by_id(tasks_path)) == 16

@@ -1,0 +1,90 @@
+"""The ray executor on a real two-node Ray cluster started by the tests: AZR tasks labeled with the
+solver served over HTTP (the embedded model behind an OpenAI-compatible loopback server) get the
+same labels as with the local executor, and a worker node lost mid-run costs only its unfinished
+attempts, which Ray redoes elsewhere."""
+
+import json
+
+import pytest
+
+from propel_core.config import validate_config
+from propel_core.domain import make_task
+from propel_core.errors import PropelError
+from propel_core.execution import Attempt, Worker, job_seed
+from propel_core.plugins import Registry
+from propel_core.run import Run
+from propel_core.stages.label import label_tasks
+
+pytestmark = pytest.mark.slow
+
+RAY = {"name": "ray", "workers": 4, "options": {"resources": {"sandbox": 1}, "num_cpus": 1}}
+
+
+@pytest.fixture(scope="module")
+def azr_tasks():
+    registry = Registry.build()
+    if registry.get("sandboxes", "local")().missing_layers():
+        pytest.skip("the AZR domain needs the local sandbox (bubblewrap, root)")
+    domain = registry.domain("azr")
+    predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    tasks = []
+    for i, context in enumerate(domain.contexts()[:4]):
+        inputs = "\n".join(json.dumps(args) for args in context.data["inputs"])
+        text = f"<code>\n{context.data['code']}\n</code>\n<inputs>\n{inputs}\n</inputs>\n<message>hint</message>"
+        tasks.append(make_task(f"a{i}", domain, context, text, "seed", predicates))
+    assert all(task.validity.valid for task in tasks)
+    return tasks
+
+
+def azr_run(folder, server, executor) -> Run:
+    config = validate_config({
+        "run_dir": str(folder), "seed": 3, "domain": {"name": "azr"}, "label": {"k": 2}, "executor": executor,
+        "solver": {"backend": "openai", "model": "smol", "base_url": server.url,
+                   "sampling": {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 24}},
+    })  # fmt: skip
+    return Run(config, Registry.build(), quiet=True)
+
+
+def by_task(labels):
+    return sorted(labels, key=lambda label: label.task_id)
+
+
+@pytest.fixture(scope="module")
+def local_labels(azr_tasks, loopback_server, tmp_path_factory):
+    run = azr_run(tmp_path_factory.mktemp("local"), loopback_server, {"name": "local", "workers": 4})
+    return by_task(label_tasks(run, azr_tasks, run.dir / "labels.jsonl"))
+
+
+def test_ray_labels_equal_local_labels(ray_cluster, azr_tasks, loopback_server, local_labels, tmp_path):
+    run = azr_run(tmp_path, loopback_server, RAY)
+    labels = by_task(label_tasks(run, azr_tasks, tmp_path / "labels.jsonl"))
+    assert labels == local_labels
+    assert all(len(label.attempts) == 2 for label in labels)
+
+
+def test_a_lost_worker_node_costs_only_its_unfinished_attempts(ray_cluster, azr_tasks, loopback_server,
+                                                              local_labels, tmp_path):  # fmt: skip
+    run = azr_run(tmp_path, loopback_server, RAY)
+    config = run.config
+    worker = Worker(config.domain, config.solver, config.solver.sampling)
+    jobs = [Attempt(task, j, job_seed(config.seed, task.id, j)) for task in azr_tasks for j in range(2)]
+    (node,) = list(ray_cluster.worker_nodes)
+    finished = []
+    try:
+        for job, attempt in run.executor().run(worker, jobs):
+            if not finished:  # the first attempt is back: the others are in flight on both nodes
+                ray_cluster.remove_node(node, allow_graceful=False)
+            finished.append(((job.task.id, job.index), attempt))
+    finally:
+        ray_cluster.add_node(num_cpus=2, resources={"sandbox": 2})
+    assert sorted(key for key, _ in finished) == sorted((job.task.id, job.index) for job in jobs)  # each once
+    expected = {(label.task_id, j): attempt for label in local_labels for j, attempt in enumerate(label.attempts)}
+    assert dict(finished) == expected
+
+
+def test_resources_no_node_offers_are_a_clear_error(ray_cluster, loopback_server, tmp_path):
+    run = azr_run(tmp_path, loopback_server, {"name": "ray", "options": {"resources": {"docker": 1}}})
+    with pytest.raises(
+        PropelError, match=r"no node of the Ray cluster offers docker: 1 \(cluster resources: .*sandbox: 4"
+    ):
+        run.executor()
