@@ -12,6 +12,7 @@ import difflib
 import importlib
 import importlib.metadata
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,7 @@ class Registry:
     pm: pluggy.PluginManager
     components: dict[str, dict[str, Component]] = field(default_factory=dict)
     _backends: dict[str, Any] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def build(cls, pm: pluggy.PluginManager | None = None) -> Registry:
@@ -132,8 +134,9 @@ class Registry:
         """The backend for a ``ModelConfig``, created on first use and shared by every caller that names
         the same model the same way (sampling differs per call, so it is not part of the key)."""
         key = model.model_dump_json(exclude={"sampling"})
-        if key not in self._backends:
-            self._backends[key] = self.get("model_backends", model.backend)(model)
+        with self._lock:  # jobs in threads may ask at once: load each model once
+            if key not in self._backends:
+                self._backends[key] = self.get("model_backends", model.backend)(model)
         return self._backends[key]
 
     def domain(self, name: str, **options: Any) -> Any:

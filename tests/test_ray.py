@@ -17,6 +17,7 @@ from propel_core.stages.label import label_tasks
 
 pytestmark = pytest.mark.slow
 
+AZR = {"name": "azr", "options": {"min_inputs": 3, "shown": 1, "hidden": 2}}
 RAY = {"name": "ray", "workers": 4, "options": {"resources": {"sandbox": 1}, "num_cpus": 1}}
 
 
@@ -25,7 +26,7 @@ def azr_tasks():
     registry = Registry.build()
     if registry.get("sandboxes", "local")().missing_layers():
         pytest.skip("the AZR domain needs the local sandbox (bubblewrap, root)")
-    domain = registry.domain("azr")
+    domain = registry.domain("azr", **AZR["options"])
     predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
     tasks = []
     for i, context in enumerate(domain.contexts()[:4]):
@@ -38,7 +39,7 @@ def azr_tasks():
 
 def azr_run(folder, server, executor) -> Run:
     config = validate_config({
-        "run_dir": str(folder), "seed": 3, "domain": {"name": "azr"}, "label": {"k": 2}, "executor": executor,
+        "run_dir": str(folder), "seed": 3, "domain": AZR, "label": {"k": 2}, "executor": executor,
         "solver": {"backend": "openai", "model": "smol", "base_url": server.url,
                    "sampling": {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 24}},
     })  # fmt: skip
@@ -72,7 +73,8 @@ def test_a_lost_worker_node_costs_only_its_unfinished_attempts(ray_cluster, azr_
     finished = []
     try:
         for job, attempt in run.executor().run(worker, jobs):
-            if not finished:  # the first attempt is back: the others are in flight on both nodes
+            if not finished:  # the first attempt is back, 3 are in flight: the head runs 2 at most
+                assert run.executor().in_flight == 3
                 ray_cluster.remove_node(node, allow_graceful=False)
             finished.append(((job.task.id, job.index), attempt))
     finally:

@@ -1,0 +1,88 @@
+"""The openai backend against a real OpenAI-compatible server from PyPI: ``transformers serve`` with
+the embedded model. It refuses vLLM's request fields and ignores ``n``; generate and label still
+work, with K attempts per label."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from propel_core.config import ModelConfig, Sampling
+from propel_core.embedded import embedded_model_path
+from propel_core.errors import PropelError
+from propel_core.plugins import Registry
+from propel_core.records import Label, Task, read_jsonl
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def served():
+    """``transformers serve`` on a free loopback port with the embedded model; (base URL, model name)."""
+    command = [str(Path(sys.executable).with_name("transformers")), "serve"]
+    if not Path(command[0]).exists():
+        pytest.skip("transformers serve is not installed (pip install 'transformers[serving]')")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = str(embedded_model_path())
+    process = subprocess.Popen([*command, model, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"transformers serve did not start: {process.stderr.read()[-2000:]}")
+            time.sleep(0.5)
+    yield f"http://127.0.0.1:{port}/v1", model
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def backend(served, **options):
+    url, model = served
+    return Registry.build().backend(ModelConfig(backend="openai", model=model, base_url=url, **options))
+
+
+def test_vllm_fields_are_refused_with_the_switch_named(served):
+    prefilled = [{"role": "user", "content": "Add 2 and 3."}, {"role": "assistant", "content": "Answer:"}]
+    with pytest.raises(PropelError, match="set server_extensions: false"):
+        backend(served).generate([prefilled], Sampling(temperature=0.7, max_new_tokens=4))
+    (texts,) = backend(served, server_extensions=False).generate([prefilled], Sampling(temperature=0.7, top_k=20,
+                                                                                          max_new_tokens=4))  # fmt: skip
+    assert len(texts) == 1
+
+
+def test_a_server_that_ignores_n_still_gives_n_completions(served):
+    (texts,) = backend(served, server_extensions=False).generate(["Name a color."], Sampling(max_new_tokens=6), n=3)
+    assert len(texts) == 3
+
+
+def test_generate_and_label_through_the_server(served, tmp_path, propel_cli):
+    url, model = served
+    solver = {"backend": "openai", "model": model, "base_url": url, "server_extensions": False,
+              "sampling": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 12}}  # fmt: skip
+    config = {"run_dir": str(tmp_path), "domain": {"name": "arithmetic"}, "generate": {"num_tasks": 6},
+              "label": {"k": 3}, "executor": {"workers": 4},
+              "generator": {**solver, "sampling": {"temperature": 1.0, "max_new_tokens": 20}}, "solver": solver}  # fmt: skip
+    (tmp_path / "run.yaml").write_text(json.dumps(config))
+    propel_cli("-q", "generate", str(tmp_path / "run.yaml"))
+    tasks = read_jsonl(tmp_path / "tasks.jsonl", Task)
+    assert len(tasks) == 6 and all(task.generation.startswith("Compute:") for task in tasks)
+    valid = [task for task in tasks if task.validity.valid]
+    out = propel_cli("-q", "label", str(tmp_path / "run.yaml")).stdout
+    labels = read_jsonl(tmp_path / "labels.jsonl", Label)
+    assert sorted(label.task_id for label in labels) == sorted(task.id for task in valid)
+    assert all(len(label.attempts) == 3 for label in labels)
+    assert out.startswith(f"labeled {len(valid)}:")
