@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from propel_core import hookimpl
 from propel_core.backend import HiddenStates, Prompt, prompt_text
 from propel_core.config import ModelConfig, Sampling
-from propel_core.embedded import EMBEDDED_MODEL_ID, resolve_model
+from propel_core.embedded import resolve_model
 from propel_core.errors import PropelError
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class TransformersBackend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.config = model
-        self.model_id = model.model or EMBEDDED_MODEL_ID
+        self.model_id = model.model_id
         path = resolve_model(model.model)
         self.device = _pick_device(model.device)
         dtype = _pick_dtype(model.dtype, self.device)
@@ -37,7 +37,6 @@ class TransformersBackend:
         if model.adapter:  # merged once: sampling then runs at the base model's speed
             from peft import PeftModel
 
-            self.model_id += f"+{model.adapter}"
             self.model = PeftModel.from_pretrained(self.model, model.adapter).merge_and_unload()
         self.model.to(self.device).eval()
         self.num_layers = self.model.config.num_hidden_layers

@@ -10,7 +10,7 @@ from __future__ import annotations
 from propel_core import hookimpl
 from propel_core.backend import HiddenStates, Prompt, as_messages, as_text, prefill
 from propel_core.config import ModelConfig, Sampling
-from propel_core.embedded import EMBEDDED_MODEL_ID, resolve_model
+from propel_core.embedded import resolve_model
 from propel_core.errors import PropelError
 
 
@@ -29,14 +29,13 @@ class VLLMBackend:
                 "or use backend: transformers"
             ) from None
         self.config = model
-        self.model_id = model.model or EMBEDDED_MODEL_ID
+        self.model_id = model.model_id
         self.llm = LLM(model=resolve_model(model.model), revision=model.revision, dtype=model.dtype,
                        enable_lora=model.adapter is not None)  # fmt: skip
         self.lora = None
         if model.adapter:
             from vllm.lora.request import LoRARequest
 
-            self.model_id += f"+{model.adapter}"
             self.lora = LoRARequest("adapter", 1, model.adapter)
 
     def generate(

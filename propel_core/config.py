@@ -56,6 +56,15 @@ class ModelConfig(Section):
     api_key_env: str = "OPENAI_API_KEY"
     max_concurrency: int = Field(8, gt=0)
     max_retries: int = Field(3, ge=0)
+
+    @property
+    def model_id(self) -> str:
+        """The name a task records as its generator: the model (or the embedded default's name), and
+        the adapter when one is applied."""
+        from propel_core.embedded import EMBEDDED_MODEL_ID
+
+        return (self.model or EMBEDDED_MODEL_ID) + (f"+{self.adapter}" if self.adapter else "")
+
     server_extensions: bool = Field(
         True, description="send vLLM/SGLang request fields (top_k, continue_final_message); false for other servers"
     )

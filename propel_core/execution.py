@@ -133,7 +133,7 @@ class Worker:
         else:
             generation = reply(domain.generator_prompt(job.context))
         predicates = {name: self.registry.get("validity_predicates", name) for name in domain.validity_predicates}
-        return make_task(job.task_id, domain, job.context, generation, self.backend.model_id, predicates)
+        return make_task(job.task_id, domain, job.context, generation, self.model.model_id, predicates)
 
 
 class Executor(Protocol):
