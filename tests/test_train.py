@@ -156,7 +156,7 @@ def test_evaluate_compares_base_and_trained_on_the_same_contexts(evaluated_run):
     folder = evaluated_run.dir / "eval"
     metrics = json.loads((folder / "metrics.json").read_text())
     assert list(metrics) == ["base", "trained"]
-    arms = {arm: read_jsonl(folder / arm / "tasks.jsonl", Task) for arm in metrics}
+    arms = {arm: sorted(read_jsonl(folder / arm / "tasks.jsonl", Task), key=lambda t: t.id) for arm in metrics}
     assert [t.context_id for t in arms["base"]] == [t.context_id for t in arms["trained"]]
     assert arms["trained"][0].generator.endswith("train/adapter") and "+" not in arms["base"][0].generator
     for arm, values in metrics.items():
