@@ -127,24 +127,31 @@ class LocalExecutor:
                 batcher.job_finished()
 
         pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="propel-job")
-        queue = list(reversed(jobs))
         running: dict[Future, Job] = {}
         try:
-            while queue or running:
-                while queue and len(running) < self.workers:
-                    job = queue.pop()
-                    running[pool.submit(one, job)] = job
-                self.in_flight = len(running)
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    job = running.pop(future)
-                    self.in_flight = len(running)
-                    yield job, future.result()
+            for job, future in keep_busy(self, jobs, running, lambda job: pool.submit(one, job),
+                                         lambda futures: wait(futures, return_when=FIRST_COMPLETED)[0]):  # fmt: skip
+                yield job, future.result()
         finally:
             self.in_flight = 0
             batcher.close()  # jobs still running stop at their next model turn
             pool.shutdown(wait=True, cancel_futures=True)
             self.generate_calls += batcher.calls
+
+
+def keep_busy(executor, jobs: list[Job], running: dict, start, finished) -> Iterator[tuple[Job, Any]]:
+    """Start jobs in order while fewer than ``executor.workers`` run (``start(job)`` -> a handle, kept
+    in ``running``); yield each job with its handle once ``finished(handles)`` names it done."""
+    queue = list(reversed(jobs))
+    while queue or running:
+        while queue and len(running) < executor.workers:
+            job = queue.pop()
+            running[start(job)] = job
+        executor.in_flight = len(running)
+        for handle in finished(list(running)):
+            job = running.pop(handle)
+            executor.in_flight = len(running)
+            yield job, handle
 
 
 def _listing(resources: dict[str, float]) -> str:
@@ -193,19 +200,11 @@ class RayExecutor:
     def run(self, worker: Worker, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
         ray = self.ray
         shipped = ray.put(worker)
-        queue = list(reversed(jobs))
         running: dict[Any, Job] = {}
         try:
-            while queue or running:
-                while queue and len(running) < self.workers:
-                    job = queue.pop()
-                    running[self.remote.remote(shipped, job)] = job
-                self.in_flight = len(running)
-                finished, _ = ray.wait(list(running), num_returns=1)
-                for ref in finished:
-                    job = running.pop(ref)
-                    self.in_flight = len(running)
-                    yield job, ray.get(ref)
+            for job, ref in keep_busy(self, jobs, running, lambda job: self.remote.remote(shipped, job),
+                                      lambda refs: ray.wait(refs, num_returns=1)[0]):  # fmt: skip
+                yield job, ray.get(ref)
         finally:
             self.in_flight = 0
             for ref in running:

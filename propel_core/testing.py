@@ -8,6 +8,8 @@ Fixtures:
   ``@hookimpl`` functions) to the fresh manager and return the rebuilt registry.
 - ``propel_cli(*args, check=True)``: run the installed ``propel`` command as a user would and return
   the completed process (``stdout``, ``stderr``, ``returncode``).
+- ``kill_when_written(command, path, lines)``: start a command, ``kill -9`` it once ``path`` holds
+  that many lines (a crash mid-stage, for resume tests).
 - ``embedded_backend``: the transformers backend on the embedded default model, loaded once a session.
 - ``loopback_server``: an OpenAI-compatible HTTP server on 127.0.0.1 answering with that model
   (:class:`LoopbackServer`), one a session; it can fail or drop choices on purpose.
@@ -60,6 +62,24 @@ def propel_cli():
         return subprocess.run([str(exe), *args], capture_output=True, text=True, check=check)
 
     return run
+
+
+def kill_when_written(command: list[str], path: Path, lines: int, timeout: float = 300) -> None:
+    """Run ``command`` and SIGKILL it as soon as ``path`` holds ``lines`` complete lines; fail the test
+    if the command ends first."""
+    import os
+    import signal
+
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if path.exists() and path.read_bytes().count(b"\n") >= lines:
+            break
+        time.sleep(0.05)
+    if process.poll() is not None:
+        pytest.fail(f"{' '.join(command)} ended before {path.name} held {lines} lines")
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 @pytest.fixture(scope="session")

@@ -3,11 +3,7 @@ trajectories as one at a time, with fewer model calls; generate killed and resum
 uninterrupted run writes."""
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +13,7 @@ from propel_core.config import DomainConfig, ModelConfig, Sampling
 from propel_core.domain import Domain, ParseError, Verdict
 from propel_core.execution import Attempt, Episode, Worker, job_seed, task_id
 from propel_core.records import Context, Task, read_jsonl
+from propel_core.testing import kill_when_written
 from propel_plugins.executors import LocalExecutor
 
 pytestmark = pytest.mark.slow
@@ -126,16 +123,9 @@ def test_generate_killed_and_resumed_writes_what_an_uninterrupted_run_writes(tmp
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     whole.mkdir(), cut.mkdir()
     propel_cli("-q", "generate", str(generate_config(whole)))
-    command = [str(Path(sys.executable).with_name("propel")), "-q", "generate", str(generate_config(cut))]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    tasks_path, deadline = cut / "tasks.jsonl", time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        if tasks_path.exists() and tasks_path.read_bytes().count(b"\n") >= 5:
-            break
-        time.sleep(0.05)
-    assert process.poll() is None, "generate finished before it could be killed"
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    tasks_path = cut / "tasks.jsonl"
+    kill_when_written([str(Path(sys.executable).with_name("propel")), "-q", "generate", str(generate_config(cut))],
+                      tasks_path, 5)  # fmt: skip
     assert 5 <= len(read_jsonl(tasks_path, Task)) < 16
     propel_cli("-q", "generate", str(cut / "run.yaml"))
     by_id = lambda path: sorted(read_jsonl(path, Task), key=lambda task: task.id)  # noqa: E731

@@ -210,19 +210,10 @@ def test_register_executors(register_plugin, tmp_path):
     class Plugin:
         @staticmethod
         @hookimpl
-        def register_domains(register):
-            register("tiny", Tiny)
-
-        @staticmethod
-        @hookimpl
-        def register_validity_predicates(register):
-            register("even_length", lambda task, domain: Validity(valid=len(task.payload["text"]) % 2 == 0))
-
-        @staticmethod
-        @hookimpl
         def register_executors(register):
             register("in_order", InOrder)
 
+    register_plugin(TinyPlugin)
     registry = register_plugin(Plugin)
     config = validate_config({"run_dir": str(tmp_path), "domain": {"name": "tiny"},
                               "executor": {"name": "in_order", "workers": 2, "options": {"note": "x"}}}, registry)  # fmt: skip

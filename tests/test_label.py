@@ -1,10 +1,7 @@
 """propel label on the embedded solver: K attempts per task, graded; resumable after kill -9."""
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +9,7 @@ import pytest
 from propel_core.domain import make_task
 from propel_core.plugins import Registry
 from propel_core.records import JsonlWriter, Label, Task, read_jsonl
+from propel_core.testing import kill_when_written
 
 pytestmark = pytest.mark.slow
 
@@ -73,15 +71,7 @@ def test_resumes_after_kill_9(run_dir, one_at_a_time):
     labels_path = run_dir / "labels.jsonl"
     command = [str(Path(sys.executable).with_name("propel")), "-q", "label", str(run_dir / "run.yaml"),
                "executor.workers=4"]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        if labels_path.exists() and labels_path.read_bytes().count(b"\n") >= 2:
-            break
-        time.sleep(0.05)
-    assert process.poll() is None, "labeling finished before it could be killed"
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_when_written(command, labels_path, 2)
     before = read_jsonl(labels_path, Label)
     assert 2 <= len(before) < 6
 
