@@ -16,13 +16,15 @@ DEMO_CONFIG = files("propel_core") / "configs" / "demo.yaml"
 
 
 class PropelGroup(click.Group):
-    """Turns a PropelError (bad config, unknown name, missing file) into a one-line error, exit 1."""
+    """Turns a PropelError (bad config, unknown name, missing file) or Ctrl-C into a one-line error, exit 1."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except PropelError as exc:
             raise click.ClickException(str(exc)) from None
+        except KeyboardInterrupt:  # the stage's writers closed on the way out: finished records are kept
+            raise click.ClickException("interrupted; finished records are kept: rerun the command to go on") from None
 
 
 @click.group(cls=PropelGroup)

@@ -1,7 +1,9 @@
 """propel label on the embedded solver: K attempts per task, graded; resumable after kill -9."""
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,23 @@ def test_resumes_after_kill_9(run_dir, one_at_a_time):
     assert sorted(label.task_id for label in after) == [f"t{i}" for i in range(6)]  # each exactly once
     assert by_task(labels_path) == one_at_a_time
     assert not (run_dir / "labels.attempts.jsonl").exists()  # the journal goes once every label is whole
+
+
+def test_ctrl_c_stops_the_workers_and_keeps_finished_records(run_dir, one_at_a_time):
+    labels_path = run_dir / "labels.jsonl"
+    command = [str(Path(sys.executable).with_name("propel")), "-q", "label", str(run_dir / "run.yaml"),
+               "executor.workers=4"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (labels_path.exists() and labels_path.read_bytes().count(b"\n")):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)  # the workers stop: no hang
+    assert process.returncode == 1 and "interrupted; finished records are kept" in stderr
+    kept = read_jsonl(labels_path, Label)
+    assert 1 <= len(kept) < 6 and all(label in one_at_a_time for label in kept)
+    subprocess.run(command, check=True, capture_output=True)
+    assert by_task(labels_path) == one_at_a_time
 
 
 def test_missing_tasks_is_a_clear_error_and_no_valid_tasks_is_not(tmp_path, propel_cli):
