@@ -22,23 +22,21 @@ ratios come from the medians of this run.
 import argparse
 import os
 import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import yaml
 
 from propel_core import hookimpl
 from propel_core.config import DomainConfig, ModelConfig, Sampling, validate_config
-from propel_core.embedded import cache_dir, embedded_model_path
+from propel_core.domain import make_task
+from propel_core.embedded import cache_dir
 from propel_core.execution import Attempt, Episode, Worker, job_seed, task_id
 from propel_core.plugins import Registry, get_plugin_manager
 from propel_core.run import Run
+from propel_core.testing import serving_embedded_model
 from propel_plugins.executors import LocalExecutor
 from propel_swe.checkout import git_checkout, python_environment
 
@@ -137,22 +135,8 @@ def in_process(registry, options, domain, tasks, repeats: int) -> None:
 
 def served(tmp: Path, repeats: int) -> None:
     print("3. served model: labeling arithmetic tasks through `transformers serve` (embedded model)")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    model = str(embedded_model_path())
-    server = subprocess.Popen([str(Path(sys.executable).with_name("transformers")), "serve", model, "--host",
-                               "127.0.0.1", "--port", str(port), "--device", "cpu"],
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        for _ in range(360):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
-        solver = {"backend": "openai", "model": model, "base_url": f"http://127.0.0.1:{port}/v1",
+    with serving_embedded_model() as (url, model):
+        solver = {"backend": "openai", "model": model, "base_url": url,
                   "server_extensions": False, "max_concurrency": 8,
                   "sampling": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 16}}  # fmt: skip
         registry = Registry.build()
@@ -160,8 +144,6 @@ def served(tmp: Path, repeats: int) -> None:
                                    "solver": solver}, registry), registry, quiet=True)  # fmt: skip
         domain = run.domain()
         worker = Worker(run.config.domain, run.config.solver, run.config.solver.sampling, registry, domain)
-        from propel_core.domain import make_task
-
         contexts = domain.contexts()
         predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
         tasks = [make_task(f"a{i}", domain, contexts[i % len(contexts)], f"Compute: {i + 3} + {2 * i}", "hand",
@@ -174,9 +156,6 @@ def served(tmp: Path, repeats: int) -> None:
                 times[workers].append(timed(lambda workers=workers: list(LocalExecutor(workers).run(worker, jobs))))
         medians = {w: report(f"{w} request(s) in flight", t, len(jobs), "attempts") for w, t in times.items()}
         print(f"  8 in flight vs 1: {medians[1] / medians[8]:.2f}x")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def ray_overhead(registry, options, repeats: int) -> None:

@@ -14,6 +14,7 @@ which jobs finish or where a resumed run starts again.
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -30,6 +31,8 @@ from propel_core.records import Context, JsonlWriter, Label, Record, SolverAttem
 if TYPE_CHECKING:
     from propel_core.plugins import Registry
     from propel_core.run import Run
+
+log = logging.getLogger("propel")
 
 #: a backend's ``generate``: (prompts, sampling, n, seed) -> n completions per prompt
 Generate = Callable[..., list[list[str]]]
@@ -188,7 +191,7 @@ def graded_attempts(
     worker = Worker(run.config.domain, model, model.sampling, run.registry, run.domain())
     writer = JsonlWriter(journal) if journal is not None else None
     try:
-        with run.progress(f"{description} ({model.model or 'embedded'}, K={k})", total=len(tasks)) as advance:
+        with run.progress(f"{description} ({model.model_id}, K={k})", total=len(tasks)) as advance:
             advance(len(complete))
             for job, attempt in run.executor().run(worker, jobs):
                 found = done[job.task.id]
@@ -204,11 +207,35 @@ def graded_attempts(
             writer.close()
 
 
+def label_tasks(run: Run, tasks: list[Task], path: Path) -> list[Label]:
+    """Label ``tasks`` (valid ones) into ``path``, skipping every task that already has a label there."""
+    config = run.config
+    done = {existing.task_id for existing in iter_jsonl(path, Label)}
+    todo = [task for task in tasks if task.id not in done]
+    if done:
+        log.info("%s already has %d labels; %d tasks to go", path.name, len(done), len(todo))
+    if todo:
+        with JsonlWriter(path) as out:
+            for task, attempts in graded_attempts(run, todo, config.label.k, journal=journal_path(path),
+                                                  description="label"):  # fmt: skip
+                out.write(label_of(task, attempts, config.label))
+    journal_path(path).unlink(missing_ok=True)  # every label is whole now
+    return list(iter_jsonl(path, Label))
+
+
 def label_of(task: Task, attempts: list[SolverAttempt], config: LabelConfig) -> Label:
     """The label that K graded attempts give under the configured band."""
     if len(attempts) != config.k:
         raise PropelError(f"task {task.id} has {len(attempts)} graded attempts, not K={config.k}")
     return Label.from_attempts(task.id, attempts, (config.band_low, config.band_high), config.min_valid_attempts)
+
+
+def draw_contexts(run: Run) -> list[Context]:
+    """``generate.num_tasks`` contexts from the configured sampler, seeded by the run's seed."""
+    config = run.config
+    sampler_factory = run.component("context_samplers", config.generate.context_sampler)
+    sampler = sampler_factory(run.domain().contexts(), seed=config.seed, **config.generate.sampler_options)
+    return sampler.sample(config.generate.num_tasks)
 
 
 def task_id(index: int) -> str:
@@ -224,12 +251,10 @@ def sample_tasks(run: Run, model: ModelConfig, contexts: list[Context], path: Pa
     jobs = [Episode(task_id(i), context, job_seed(run.config.seed, task_id(i)))
             for i, context in enumerate(contexts) if task_id(i) not in done]  # fmt: skip
     if done and jobs:
-        from propel_core.run import log
-
         log.info("%s already has %d tasks; %d to go", path.name, len(done), len(jobs))
     if jobs:
         worker = Worker(run.config.domain, model, model.sampling, run.registry, run.domain())
-        with JsonlWriter(path) as out, run.progress(f"generate ({model.model or 'embedded'})",
+        with JsonlWriter(path) as out, run.progress(f"generate ({model.model_id})",
                                                     total=len(contexts)) as advance:  # fmt: skip
             advance(len(contexts) - len(jobs))
             for _, task in run.executor().run(worker, jobs):

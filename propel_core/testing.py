@@ -10,6 +10,10 @@ Fixtures:
   the completed process (``stdout``, ``stderr``, ``returncode``).
 - ``kill_when_written(command, path, lines)``: start a command, ``kill -9`` it once ``path`` holds
   that many lines (a crash mid-stage, for resume tests).
+- ``wait_until_up(process, ready, timeout)``: poll ``ready()`` until it answers, for a server a
+  test started; None (the process killed) if it exits or the time runs out.
+- ``serving_embedded_model()``: ``transformers serve`` (the OpenAI-compatible server from PyPI) with
+  the embedded model on a free loopback port, as a context manager yielding (base URL, model name).
 - ``embedded_backend``: the transformers backend on the embedded default model, loaded once a session.
 - ``loopback_server``: an OpenAI-compatible HTTP server on 127.0.0.1 answering with that model
   (:class:`LoopbackServer`), one a session; it can fail or drop choices on purpose.
@@ -22,9 +26,11 @@ into another.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -80,6 +86,50 @@ def kill_when_written(command: list[str], path: Path, lines: int, timeout: float
         pytest.fail(f"{' '.join(command)} ended before {path.name} held {lines} lines")
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
+
+
+def wait_until_up(process: subprocess.Popen, ready, timeout: float):
+    """``ready()``'s first answer that does not raise, polled every half second while ``process`` runs;
+    None, with the process killed, when it exits or ``timeout`` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ready()
+        except Exception:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                return None
+            time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def serving_embedded_model(timeout: float = 180):
+    """``transformers serve`` with the embedded model on a free loopback port: (base URL, model name).
+    Raises RuntimeError with the server's last output when it does not come up."""
+    import os
+    import socket
+    import urllib.request
+
+    from propel_core.embedded import embedded_model_path
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = str(embedded_model_path())
+    command = [str(Path(sys.executable).with_name("transformers")), "serve", model, "--host", "127.0.0.1", "--port",
+               str(port), "--device", "cpu"]  # fmt: skip
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=log,
+                                   stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        if wait_until_up(process, lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2),
+                         timeout) is None:  # fmt: skip
+            log.seek(0)
+            raise RuntimeError(f"transformers serve did not start: {log.read()[-2000:]}")
+        try:
+            yield f"http://127.0.0.1:{port}/v1", model
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,9 @@ import pytest
 from propel_core.config import validate_config
 from propel_core.domain import make_task
 from propel_core.errors import PropelError
-from propel_core.execution import Attempt, Worker, job_seed
+from propel_core.execution import Attempt, Worker, job_seed, label_tasks
 from propel_core.plugins import Registry
 from propel_core.run import Run
-from propel_core.stages.label import label_tasks
 
 pytestmark = pytest.mark.slow
 

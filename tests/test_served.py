@@ -3,21 +3,16 @@ the embedded model. It refuses vLLM's request fields and ignores ``n``; generate
 work, with K attempts per label."""
 
 import json
-import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from propel_core.config import ModelConfig, Sampling
-from propel_core.embedded import embedded_model_path
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
 from propel_core.records import Label, Task, read_jsonl
+from propel_core.testing import serving_embedded_model
 
 pytestmark = pytest.mark.slow
 
@@ -25,29 +20,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def served():
     """``transformers serve`` on a free loopback port with the embedded model; (base URL, model name)."""
-    command = [str(Path(sys.executable).with_name("transformers")), "serve"]
-    if not Path(command[0]).exists():
+    if not Path(sys.executable).with_name("transformers").exists():
         pytest.skip("transformers serve is not installed (pip install 'transformers[serving]')")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    model = str(embedded_model_path())
-    process = subprocess.Popen([*command, model, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
-                               env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"transformers serve did not start: {process.stderr.read()[-2000:]}")
-            time.sleep(0.5)
-    yield f"http://127.0.0.1:{port}/v1", model
-    process.terminate()
-    process.wait(timeout=30)
+    with serving_embedded_model() as server:
+        yield server
 
 
 def backend(served, **options):

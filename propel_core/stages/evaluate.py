@@ -14,10 +14,8 @@ from pathlib import Path
 
 from propel_core.errors import PropelError
 from propel_core.evaluation import arm_metrics
-from propel_core.execution import sample_tasks
+from propel_core.execution import draw_contexts, label_tasks, sample_tasks
 from propel_core.run import Run, log
-from propel_core.stages.generate import draw_contexts
-from propel_core.stages.label import label_tasks
 
 #: evaluation draws its contexts and sampling seeds from the run's seed plus this, so the base arm
 #: writes fresh tasks rather than repeating the labeled corpus (both arms share them)

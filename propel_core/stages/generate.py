@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from propel_core.execution import sample_tasks
-from propel_core.records import Context, Task
+from propel_core.execution import draw_contexts, sample_tasks
+from propel_core.records import Task
 from propel_core.run import Run
 
 
@@ -20,14 +20,6 @@ def generate(run: Run) -> None:
     """Sample tasks from the generator, parse them and check validity -> tasks.jsonl."""
     tasks = sample_tasks(run, run.config.generator, draw_contexts(run), run.dir / "tasks.jsonl")
     print(funnel(tasks))
-
-
-def draw_contexts(run: Run) -> list[Context]:
-    """``generate.num_tasks`` contexts from the configured sampler, seeded by the run's seed."""
-    config = run.config
-    sampler_factory = run.component("context_samplers", config.generate.context_sampler)
-    sampler = sampler_factory(run.domain().contexts(), seed=config.seed, **config.generate.sampler_options)
-    return sampler.sample(config.generate.num_tasks)
 
 
 def funnel(tasks: list[Task]) -> str:

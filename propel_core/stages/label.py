@@ -10,10 +10,9 @@ label is never rewritten and never written twice.
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
-from propel_core.execution import graded_attempts, journal_path, label_of
-from propel_core.records import JsonlWriter, Label, Task, iter_jsonl
+from propel_core.execution import label_tasks
+from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run, log
 
 
@@ -24,22 +23,6 @@ def label(run: Run) -> None:
     if not tasks:
         log.warning("no valid tasks in %s to label; see the generate funnel", tasks_path)
     print(summary(label_tasks(run, tasks, run.dir / "labels.jsonl"), run.config.label.k))
-
-
-def label_tasks(run: Run, tasks: list[Task], path: Path) -> list[Label]:
-    """Label ``tasks`` (valid ones) into ``path``, skipping every task that already has a label there."""
-    config = run.config
-    done = {existing.task_id for existing in iter_jsonl(path, Label)}
-    todo = [task for task in tasks if task.id not in done]
-    if done:
-        log.info("%s already has %d labels; %d tasks to go", path.name, len(done), len(todo))
-    if todo:
-        with JsonlWriter(path) as out:
-            for task, attempts in graded_attempts(run, todo, config.label.k, journal=journal_path(path),
-                                                  description="label"):  # fmt: skip
-                out.write(label_of(task, attempts, config.label))
-    journal_path(path).unlink(missing_ok=True)  # every label is whole now
-    return list(iter_jsonl(path, Label))
 
 
 def summary(labels: list[Label], k: int) -> str:

@@ -20,6 +20,7 @@ import pytest
 from swe_helpers import BUG, fenced, scripted, write_registry
 
 from propel_core.plugins import Registry
+from propel_core.testing import wait_until_up
 from propel_plugins.sandbox import SandboxUnavailable
 from propel_swe.docker_sandbox import LABEL, DockerSandbox
 
@@ -53,16 +54,9 @@ def engine(tmp_path_factory, test_env):
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
             patch.setenv("DOCKER_HOST", f"unix://{socket}")
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    client = _client()
-                    break
-                except Exception:
-                    if started.poll() is not None or time.monotonic() > deadline:
-                        started.kill()
-                        pytest.skip(f"dockerd did not start: {(folder / 'dockerd.log').read_text()[-500:]}")
-                    time.sleep(0.5)
+            client = wait_until_up(started, _client, timeout=60)
+            if client is None:
+                pytest.skip(f"dockerd did not start: {(folder / 'dockerd.log').read_text()[-500:]}")
         done = subprocess.run([str(Path(sys.executable).with_name("propel")), "swe", "image", IMAGE, "--python-env",
                                str(test_env)], capture_output=True, text=True)  # fmt: skip
         assert done.returncode == 0 and f"imported {IMAGE}" in done.stdout, done.stderr

@@ -8,10 +8,9 @@ import pytest
 from swe_helpers import write_registry
 
 from propel_core.config import validate_config
-from propel_core.execution import sample_tasks
+from propel_core.execution import label_tasks, sample_tasks
 from propel_core.plugins import Registry
 from propel_core.run import Run
-from propel_core.stages.label import label_tasks
 
 pytestmark = pytest.mark.slow
 
