@@ -29,6 +29,30 @@ def component(kind: str, default: Any = ..., **kwargs: Any) -> Any:
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_with_field_defaults(cls, data: Any) -> Any:
+        """A nested section given in part keeps the rest of its field's default, not of its class:
+        ``solver: {sampling: {max_new_tokens: 64}}`` keeps the solver's temperature 0.6."""
+        if not isinstance(data, dict):
+            return data
+        merged = dict(data)
+        for name, info in cls.model_fields.items():
+            if isinstance(data.get(name), dict) and not info.is_required():
+                default = info.get_default(call_default_factory=True)
+                if isinstance(default, BaseModel):
+                    merged[name] = _merge(default.model_dump(exclude_unset=True), data[name])
+        return merged
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, nested dicts merged key by key."""
+    merged = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _merge(merged[key], value) if both else value
+    return merged
+
 
 class Sampling(Section):
     """Sampling knobs of one model role."""

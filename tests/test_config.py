@@ -37,6 +37,33 @@ def test_yaml_then_overrides(config_file, registry, monkeypatch):
     assert str(config.run_dir) == "/home/someone/runs/x"
 
 
+ROLE_SAMPLING = {
+    "generator": {"temperature": 1.0, "top_p": 0.95, "top_k": 0, "max_new_tokens": 512},
+    "solver": {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_new_tokens": 1024},
+}
+
+
+@pytest.mark.parametrize("role", sorted(ROLE_SAMPLING))
+@pytest.mark.parametrize("how", ["yaml", "override"])
+def test_one_sampling_key_keeps_the_roles_other_defaults(role, how, tmp_path, registry):
+    path = tmp_path / "run.yaml"
+    path.write_text("domain:\n  name: countdown\n")
+    if how == "yaml":
+        path.write_text(path.read_text() + f"{role}:\n  sampling: {{max_new_tokens: 64}}\n")
+    config = load_config(path, [f"{role}.sampling.max_new_tokens=64"] if how == "override" else [], registry)
+    assert getattr(config, role).sampling.model_dump() == {**ROLE_SAMPLING[role], "max_new_tokens": 64}
+
+
+@pytest.mark.parametrize("role", sorted(ROLE_SAMPLING))
+def test_other_role_keys_keep_the_sampling_defaults(role, tmp_path, registry):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"domain:\n  name: countdown\n{role}:\n  model: Qwen/Qwen2.5-3B\n  sampling:\n    top_p: 0.5\n")
+    config = load_config(path, [f"{role}.batch_size=2", f"{role}.sampling.temperature=0.1"], registry)
+    section = getattr(config, role)
+    assert (section.model, section.batch_size) == ("Qwen/Qwen2.5-3B", 2)
+    assert section.sampling.model_dump() == {**ROLE_SAMPLING[role], "top_p": 0.5, "temperature": 0.1}
+
+
 def test_reference_defaults_to_generator(registry):
     config = validate_config({"domain": {"name": "countdown"}, "generator": {"model": "Qwen/Qwen2.5-3B"}}, registry)
     assert config.reference.model == "Qwen/Qwen2.5-3B"

@@ -2,6 +2,11 @@
 
 Values are ints where possible and Fractions otherwise, so division is exact and fast in the common
 case. Nothing here calls ``eval``: expressions are read with ``ast`` and walked.
+
+A countdown answer may put a sign (unary ``-`` or ``+``) before any number or parenthesized part:
+``-100 + x`` is still arithmetic over the given numbers with + - * /. Signs never make a positive
+target reachable that was not reachable without them (a negative value built from positive numbers
+has its negation buildable too), so the solvability search ignores them.
 """
 
 from __future__ import annotations
@@ -90,11 +95,16 @@ class ExpressionError(ValueError):
 
 
 _OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+_SIGNS = (ast.USub, ast.UAdd)
 MAX_EXPRESSION_CHARS = 200
 
 
-def evaluate(expression: str, numbers: list[int]) -> Value:
-    """The exact value of ``expression``, checking it uses only ``numbers``, each at most once."""
+def evaluate(expression: str, numbers: list[int], signs: bool = False) -> Value:
+    """The exact value of ``expression``, checking it uses only ``numbers``, each at most once.
+
+    Integers, + - * / and parentheses only; with ``signs`` also a unary - or + before any number or
+    parenthesized part (countdown answers: ``-100 + x``, ``-(a - b)``, ``--3``).
+    """
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ExpressionError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
@@ -102,19 +112,22 @@ def evaluate(expression: str, numbers: list[int]) -> Value:
     except (SyntaxError, ValueError) as exc:
         raise ExpressionError(f"not an arithmetic expression ({type(exc).__name__})") from None
     used: Counter[int] = Counter()
-    value = _walk(tree.body, used)
+    value = _walk(tree.body, used, signs)
     extra = used - Counter(numbers)
     if extra:
         raise ExpressionError(f"uses numbers not available: {sorted(extra.elements())}")
     return value
 
 
-def _walk(node: ast.AST, used: Counter[int]) -> Value:
+def _walk(node: ast.AST, used: Counter[int], signs: bool) -> Value:
     if isinstance(node, ast.Constant) and type(node.value) is int:
         used[node.value] += 1
         return node.value
+    if signs and isinstance(node, ast.UnaryOp) and isinstance(node.op, _SIGNS):
+        value = _walk(node.operand, used, signs)
+        return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        left, right = _walk(node.left, used), _walk(node.right, used)
+        left, right = _walk(node.left, used, signs), _walk(node.right, used, signs)
         if isinstance(node.op, ast.Add):
             return left + right
         if isinstance(node.op, ast.Sub):

@@ -29,7 +29,12 @@ ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 class Countdown(Domain):
-    """Puzzles of 3-6 numbers and a target; a solver answers with an expression in <answer> tags."""
+    """Puzzles of 3-6 numbers and a target; a solver answers with an expression in <answer> tags.
+
+    An answer is integers from the puzzle (each at most as often as given), + - * /, parentheses, and
+    a unary - or + before any number or parenthesized part (``-100 + x`` grades as ``x - 100``).
+    Anything else is refused: powers, functions, numbers not given or reused, digits run together.
+    """
 
     validity_predicates = ("countdown_rules", "countdown_solvable")
     #: the validity funnel, step by step: partial credit for how far an invalid puzzle got
@@ -126,7 +131,8 @@ class Countdown(Domain):
         if not answers:
             return Verdict(False, "no <answer> tag", diagnostics)
         try:
-            value = evaluate(answers[-1].split("=", 1)[0], payload["numbers"])  # "3 + 5 = 8" states its value
+            expression = answers[-1].split("=", 1)[0]  # "3 + 5 = 8" states its value
+            value = evaluate(expression, payload["numbers"], signs=True)
         except ExpressionError as exc:
             return Verdict(False, str(exc), diagnostics)
         if value != payload["target"]:

@@ -3,6 +3,7 @@
 import functools
 import itertools
 import random
+import re
 from fractions import Fraction
 
 import pytest
@@ -87,6 +88,66 @@ def test_evaluate_exact_and_checks_numbers():
 def test_evaluate_rejects_everything_but_arithmetic(expression):
     with pytest.raises(ExpressionError):
         evaluate(expression, [3, 5, 10, 1, 2, 0])
+
+
+SIGNED = [100, 92, 24, 15, 83, 5]  # -100 + (92*(24 + 15) - 83)/5 = -100 + 3505/5 = 601
+
+
+@pytest.mark.parametrize(
+    ("signed", "unsigned"),
+    [
+        ("-100 + (92*(24 + 15) - 83)/5", "(92*(24 + 15) - 83)/5 - 100"),
+        ("-100+(92*(24+15)-83)/5", "(92*(24+15)-83)/5-100"),
+        ("- 100 + ( 92 * ( 24 + 15 ) - 83 ) / 5", "( 92 * ( 24 + 15 ) - 83 ) / 5 - 100"),
+        ("-(83 - 92*(24 + 15))/5 - 100", "(92*(24 + 15) - 83)/5 - 100"),
+        ("--(92*(24 + 15) - 83)/5 - 100", "(92*(24 + 15) - 83)/5 - 100"),
+        ("+(92*(24 + 15) - 83)/5 + -100", "(92*(24 + 15) - 83)/5 - 100"),
+        ("-(100 - (92*(24 + 15) - 83)/5)", "(92*(24 + 15) - 83)/5 - 100"),
+        ("-(24 - 15)", "15 - 24"),
+        ("-5 * (83 - 92)", "5 * (92 - 83)"),
+        ("-5 * -(92 - 83)", "5 * (92 - 83)"),
+        ("- - -24", "0 - 24"),
+        ("24 - -15", "24 + 15"),
+    ],
+)
+def test_signed_answers_grade_like_their_unsigned_forms(signed, unsigned):
+    numbers = [*SIGNED, 0]  # "0 - 24" spells a lone negation without signs
+    assert evaluate(signed, numbers, signs=True) == evaluate(unsigned, numbers)
+    with pytest.raises(ExpressionError, match="found UnaryOp"):
+        evaluate(signed, numbers)  # the default (the arithmetic domain's) has no signs
+
+
+@pytest.mark.parametrize(
+    "attempt",
+    [
+        "<answer>-100 + (92*(24 + 15) - 83)/5</answer>",
+        "<answer>(92*(24 + 15) - 83)/5 - 100</answer>",
+        "<answer>-100+(92*(24+15)-83)/5 = 601</answer>",
+        "<answer>--(92*(24 + 15) - 83)/5 + -100</answer>",
+    ],
+)
+def test_grader_accepts_a_leading_minus(domain, attempt):
+    verdict = domain.grade({"numbers": SIGNED, "target": 601}, attempt)
+    assert (verdict.solved, verdict.reason) == (True, None)
+
+
+@pytest.mark.parametrize(
+    ("expression", "reason"),
+    [
+        ("-(-100 + (92*(24 + 15) - 83)/5)", "expression equals -601, not 601"),
+        ("-2 ** 3", "found BinOp"),
+        ("-abs(100)", "found Call"),
+        ("~100 + 92", "found UnaryOp"),
+        ("not 100", "found UnaryOp"),
+        ("-100.0 + 92", "found Constant"),
+        ("-100 - -100", r"not available: \[100\]"),
+        ("-1005 + 92", r"not available: \[1005\]"),
+        ("-x", "found Name"),
+    ],
+)
+def test_grader_refuses_signs_on_anything_but_arithmetic(domain, expression, reason):
+    verdict = domain.grade({"numbers": SIGNED, "target": 601}, f"<answer>{expression}</answer>")
+    assert verdict.solved is False and re.search(reason, verdict.reason), verdict
 
 
 def test_parse_and_render(domain):

@@ -32,8 +32,13 @@ ASKS = re.compile(r"\?|\b(find|compute|determine|calculate|evaluate|how many|how
 PROOF = re.compile(r"\b(prove|show that|justify)\b", re.IGNORECASE)
 PARTS = re.compile(r"(^|\s)\(?(a|b|c|i|ii|iii)\)\s", re.IGNORECASE)
 LEAK = re.compile(r"\\boxed|\banswer\s*(is|:|=)|\bsolution\s*:", re.IGNORECASE)
-ANSWER_LINE = re.compile(r"answer\s*(?:is|:)\s*\$?([^\n$]+)", re.IGNORECASE)
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+ANSWER_LINE = re.compile(r"answer\s*(?:is|:)[ \t]*([^\n]+)", re.IGNORECASE)
+# $$...$$, $...$ (opened before and closed after a non-space, as in pandoc), \(...\), \[...\]
+MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(?=\S)(.+?)(?<=\S)\$(?!\d)|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+RELATION = re.compile(r"(?<![<>!])=|\\approx")
+NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?%?")
+LATEX = re.compile(r"[\\^_{}]")
+PERCENT = re.compile(r"(?<!\\)%")
 
 TOPICS = (
     ("probability", r"probabilit|dice|\bdie\b|coin|chance|random"),
@@ -161,15 +166,31 @@ class Math(Domain):
 
 
 def extract_answer(text: str) -> str | None:
-    """The final answer: the last \\boxed{...}, else the last 'Answer: ...', else the last number."""
+    """The final answer, an expression rather than a digit inside one: the last \\boxed{...}, else the
+    last 'Answer: ...' line, else the last math span ($...$, \\(...\\), \\[...\\]; the right-hand side
+    of its last '=' when it has one), else the last number outside LaTeX. '\\$' is a dollar sign and
+    dropped; thousands separators are dropped; a percent sign is kept, as '\\%'."""
+    text = text.replace("\\$", "")
     boxed = _last_boxed(text)
     if boxed is not None:
-        return boxed.strip() or None
-    lines = ANSWER_LINE.findall(text)
-    if lines:
-        return lines[-1].strip().rstrip(".") or None
-    numbers = NUMBER.findall(text)
-    return numbers[-1] if numbers else None
+        answer = boxed
+    elif lines := ANSWER_LINE.findall(text):
+        answer = _last_math(lines[-1]) or lines[-1].strip().rstrip(".")
+    else:
+        answer = _last_math(text) or _last_number(text)
+    return PERCENT.sub(r"\\%", answer.strip()) if answer and answer.strip() else None
+
+
+def _last_math(text: str) -> str | None:
+    """The last math span's content, or the right-hand side of its last '=' (or \\approx)."""
+    spans = [next(group for group in match.groups() if group is not None) for match in MATH_SPAN.finditer(text)]
+    return RELATION.split(spans[-1])[-1].strip().rstrip(".") if spans else None
+
+
+def _last_number(text: str) -> str | None:
+    """The last number in a token with no LaTeX in it: '\\sqrt{2}', '2^{10}', '\\frac{1}{2}' hold none."""
+    numbers = [number for token in text.split() if not LATEX.search(token) for number in NUMBER.findall(token)]
+    return numbers[-1].replace(",", "") if numbers else None
 
 
 def _last_boxed(text: str) -> str | None:

@@ -129,8 +129,26 @@ def test_spec_rules(domain, problem, reason):
         ("Answer: 17 apples.", "17 apples"),
         ("the answer is $3\\pi$", "3\\pi"),
         ("I get 12, then 15.", "15"),
-        ("\\boxed{12", "12"),
+        ("\\boxed{12", None),  # a box cut off is no final answer (math-verify: none either)
         ("no idea", None),
+        # the final expression, never a digit inside LaTeX
+        ("Solving, we get $x = \\frac{1}{2}$.", "\\frac{1}{2}"),
+        ("The mean is $\\frac{3 + 4}{2} = \\frac{7}{2}$", "\\frac{7}{2}"),
+        ("There are $2^{10}$ subsets.", "2^{10}"),
+        ("Hence \\(x=\\frac{3}{4}\\), and \\[ y = 2\\sqrt{3} \\]", "2\\sqrt{3}"),
+        ("$$x \\approx 0.33$$", "0.33"),
+        ("Answer: \\(x = 5\\).", "5"),
+        ("so \\sqrt{2}", None),
+        ("3 sets, 2^{10} subsets", "3"),
+        ("costs $5 and $6 total", "6"),  # dollar signs that open and close no math
+        # \\$ is a dollar sign; thousands separators and percent signs
+        ("\\boxed{\\$1,000}", "1,000"),
+        ("So the price is $\\$12.50$.", "12.50"),
+        ("It costs \\$5.", "5"),
+        ("The total is 1,000 dollars.", "1000"),
+        ("The probability is 50%.", "50\\%"),
+        ("Answer: 50%", "50\\%"),
+        ("\\boxed{50\\%}", "50\\%"),
     ],
 )
 def test_extract_answer(text, answer):
@@ -152,6 +170,100 @@ def test_extract_answer(text, answer):
 def test_grader_on_hand_checked_attempts(domain, attempt, solved):
     verdict = domain.grade({"problem": "p", "answer": "\\frac{1}{2}"}, attempt)
     assert verdict.solved is solved, verdict
+
+
+# (gold, attempt, solved): equivalent and non-equivalent written forms, graded by hand
+PEER_TABLE = [
+    ("42", "so the total is \\boxed{42}.", True),
+    ("42", "\\boxed{24}", False),
+    ("$\\frac{1}{2}$", "Half of it: \\boxed{\\frac{1}{2}}", True),
+    ("$\\frac{1}{2}$", "\\boxed{0.5}", True),
+    ("$\\frac{1}{2}$", "\\boxed{\\dfrac{2}{4}}", True),
+    ("$\\frac{1}{2}$", "\\boxed{0.25}", False),
+    ("$\\frac{1}{2}$", "first \\boxed{\\frac{1}{3}}, no: \\boxed{\\frac{1}{2}}", True),
+    ("$2\\sqrt{3}$", "\\boxed{\\sqrt{12}}", True),
+    ("$2\\sqrt{3}$", "\\boxed{2\\sqrt{2}}", False),
+    ("1024", "\\boxed{2^{10}}", True),
+    ("1024", "\\boxed{2^{11}}", False),
+    ("$3\\pi$", "\\boxed{3\\pi}", True),
+    ("$\\frac{3}{4}$", "\\boxed{x = \\frac{3}{4}}", True),
+    ("$x^2 + 1$", "\\boxed{1 + x^2}", True),
+    ("$x^2 + 1$", "\\boxed{x^2 - 1}", False),
+    ("$(2, 3)$", "\\boxed{(2,3)}", True),
+    ("12", "\\boxed{12", False),
+    ("$\\frac{1}{2}$", "so \\boxed{\\frac{1}{2}", False),
+    # \\$ (a dollar sign), percent, units
+    ("12.50", "\\boxed{\\$12.50}", True),
+    ("5", "It costs \\boxed{\\$5}.", True),
+    ("5", "\\boxed{\\$6}", False),
+    ("1000", "\\boxed{\\$1,000}", True),
+    ("12.50", "So the price is $\\$12.50$.", True),
+    ("5", "It costs \\$5.", True),
+    ("1000", "Answer: \\$1,000", True),
+    ("50", "\\boxed{50\\%}", True),
+    ("25", "\\boxed{50\\%}", False),
+    ("$\\frac{1}{2}$", "Answer: 50%", True),
+    ("$\\frac{1}{2}$", "Answer: 25%", False),
+    ("$\\frac{1}{2}$", "The probability is 50%.", True),
+    ("12", "\\boxed{12 \\text{ cm}}", True),
+    ("12", "The side is 12 cm.", True),
+    # answer lines
+    ("17", "Answer: 17 apples.", True),
+    ("17", "Answer: 18", False),
+    ("$\\frac{1}{2}$", "Answer: 1/2", True),
+    ("$3\\pi$", "the answer is $3\\pi$", True),
+    ("$\\sqrt{2}$", "The answer is $\\sqrt{2}$.", True),
+    ("$\\sqrt{2}$", "The final answer is $\\sqrt{3}$.", False),
+    ("5", "Answer: \\(x = 5\\).", True),
+    # no box, no answer line: the last math span
+    ("$\\frac{1}{2}$", "Solving, we get $x = \\frac{1}{2}$.", True),
+    ("2", "Solving, we get $x = \\frac{1}{2}$.", False),
+    ("$\\sqrt{2}$", "so the length is $\\sqrt{2}$", True),
+    ("2", "so the length is $\\sqrt{2}$", False),
+    ("1024", "There are $2^{10}$ subsets.", True),
+    ("10", "There are $2^{10}$ subsets.", False),
+    ("$\\frac{3}{4}$", "Hence \\(x=\\frac{3}{4}\\).", True),
+    ("$2\\sqrt{3}$", "Thus \\[ y = 2\\sqrt{3} \\]", True),
+    ("6", "We have $a = 2$ and $b = 3$, so $ab = 6$.", True),
+    ("3", "We have $a = 2$ and $b = 3$, so $ab = 6$.", False),
+    ("$\\frac{7}{2}$", "The mean is $\\frac{3 + 4}{2} = \\frac{7}{2}$", True),
+    ("$\\frac{7}{2}$", "$$\\frac{3+4}{2} = 3.5$$", True),
+    ("0.33", "so $x \\approx 0.33$", True),
+    # no LaTeX at all: the last number
+    ("15", "I get 12, then 15.", True),
+    ("12", "I get 12, then 15.", False),
+    ("1000", "The total is 1,000 dollars.", True),
+    ("-3", "so x is -3", True),
+    ("0.75", "which gives 3/4", True),
+    ("6", "costs $5 and $6 total", True),
+    ("$\\sqrt{2}$", "so \\sqrt{2}", False),  # LaTeX outside math mode: no answer (math-verify: none either)
+    ("2", "so \\sqrt{2}", False),
+    ("5", "no idea", False),
+    ("5", "", False),
+]
+# where math-verify's verdict differs from ours, and why ours is kept
+KNOWN_DISAGREEMENTS = {
+    "first \\boxed{\\frac{1}{3}}, no: \\boxed{\\frac{1}{2}}": "math-verify reads all boxes as one set {1/3, 1/2}; "
+    "we take the last box, the attempt's final word",
+    "so \\boxed{\\frac{1}{2}": "math-verify reads a box cut off by the end of the text; we take it as no answer "
+    "(math-verify itself finds none in '\\boxed{12')",
+    "It costs \\$5.": "math-verify finds no answer after a \\$ outside math; we read \\$ as a dollar sign",
+    "Answer: \\$1,000": "math-verify finds no answer after a \\$ outside math; we read \\$ as a dollar sign",
+}
+
+
+def test_peer_table_is_consistent():
+    assert len(PEER_TABLE) >= 40 and len({(gold, attempt) for gold, attempt, _ in PEER_TABLE}) == len(PEER_TABLE)
+    assert set(KNOWN_DISAGREEMENTS) <= {attempt for _, attempt, _ in PEER_TABLE}
+
+
+@pytest.mark.parametrize(("gold", "attempt", "solved"), PEER_TABLE)
+def test_grader_agrees_with_math_verify(domain, gold, attempt, solved):
+    """Our grader (extraction, then math-verify in the worker) against math-verify reading the whole attempt."""
+    math_verify = pytest.importorskip("math_verify")
+    assert domain.grade({"problem": "p", "answer": gold}, attempt).solved is solved
+    peer = math_verify.verify(math_verify.parse(gold), math_verify.parse(attempt))
+    assert peer is (solved if attempt not in KNOWN_DISAGREEMENTS else not solved), KNOWN_DISAGREEMENTS.get(attempt)
 
 
 def test_grader_without_reference_is_ungradable(domain):
