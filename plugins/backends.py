@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from propel_core import hookimpl
@@ -30,10 +31,17 @@ class TransformersBackend:
         path = resolve_model(model.model)
         self.device = _pick_device(model.device)
         dtype = _pick_dtype(model.dtype, self.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(path, revision=model.revision)
+        advice = "give a local model folder, a .gguf file or a Hugging Face hub id"
+        if Path(path).is_dir() and not (Path(path) / "config.json").exists():
+            raise PropelError(f"model {path} is a folder without a config.json, not a model: {advice}")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path, revision=model.revision)
+            self.model = AutoModelForCausalLM.from_pretrained(path, revision=model.revision, dtype=dtype)
+        except OSError as exc:  # an unknown hub id, no network, a broken folder: one line, not a traceback
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise PropelError(f"cannot load model {path}: {reason} ({advice})") from None
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(path, revision=model.revision, dtype=dtype)
         if model.adapter:  # merged once: sampling then runs at the base model's speed
             from peft import PeftModel
 

