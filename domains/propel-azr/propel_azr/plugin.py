@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import string
 from functools import cached_property
 from importlib.resources import files
 from typing import Any
@@ -35,6 +36,21 @@ BANNED_NAMES = frozenset(
     {"eval", "exec", "compile", "open", "__import__", "globals", "locals", "vars", "getattr", "setattr", "delattr",
      "input", "breakpoint", "exit", "quit", "help", "memoryview", "__builtins__", "print"}
 )  # fmt: skip
+
+# attribute and imported names that lead from an allowed module or a value to the rest of the
+# interpreter (modules, processes, the import system, frames) or to string formatting's attribute
+# traversal; a name starting with "_" is refused as well, whatever it is
+BANNED_ATTRIBUTES = frozenset(
+    {"sys", "os", "posix", "nt", "builtins", "subprocess", "importlib", "shutil", "socket", "ctypes", "signal",
+     "pty", "runpy", "inspect", "gc", "marshal", "pickle", "enum", "copyreg", "typing", "types", "warnings",
+     "weakref", "threading", "linecache", "tempfile", "pathlib", "io", "system", "popen", "spawnv", "spawnl",
+     "fork", "forkpty", "execv", "execve", "execl", "execlp", "execvp", "kill", "environ", "putenv", "modules",
+     "import_module", "load_module", "exec_module", "find_spec", "loader", "reload", "eval", "exec", "open",
+     "getattr", "setattr", "delattr", "globals", "locals", "vars", "breakpoint", "mro", "f_globals",
+     "f_builtins", "f_locals", "f_back", "f_code", "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame",
+     "ag_code", "tb_frame", "tb_next", "func_globals", "Formatter", "get_field", "get_value", "vformat"}
+)  # fmt: skip
+FORMAT_METHODS = frozenset({"format", "format_map"})
 
 SECTION = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL) for name in ("code", "inputs", "message")}
 CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
@@ -229,7 +245,14 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def check_static(task: Task, domain: AZR) -> Validity:
-    """A quality filter (never the security boundary): one function f, allowed imports, no escapes."""
+    """A quality filter (never the security boundary): one function f, allowed imports, no escapes.
+
+    Besides banned names it refuses the cheap routes from an allowed module to the rest of the
+    interpreter: any attribute or imported name starting with ``_`` (``collections._sys``), names of
+    other modules and of process, import or frame machinery (``re.enum.sys``, ``gen.gi_frame``), and
+    string formatting that walks attributes: ``Formatter``, ``format``/``format_map`` on a computed
+    format string or one whose fields contain ``.`` or ``[``, and any string literal containing ``__``.
+    """
     try:
         tree = ast.parse(task.payload["code"])
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -240,19 +263,75 @@ def check_static(task: Task, domain: AZR) -> Validity:
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef | ast.Import | ast.ImportFrom):
             return Validity.reject(f"top-level {type(node).__name__} statement outside f")
+    checked_formats: set[int] = set()  # format/format_map attributes whose call was checked
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
-            modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            banned = [m for m in modules if m.split(".")[0] not in ALLOWED_IMPORTS]
-            if banned:
-                return Validity.reject(f"imports a module outside the allowed set: {banned[0]}")
+            problem = _check_import(node)
+            if problem:
+                return Validity.reject(problem)
         elif isinstance(node, ast.Name) and (node.id in BANNED_NAMES or node.id.startswith("__")):
             return Validity.reject(f"uses the banned name {node.id}")
-        elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
-            return Validity.reject(f"uses the dunder attribute {node.attr}")
+        elif isinstance(node, ast.Attribute):
+            if node.attr.startswith("__"):
+                return Validity.reject(f"uses the dunder attribute {node.attr}")
+            if node.attr.startswith("_"):
+                return Validity.reject(f"uses the private attribute {node.attr}")
+            if node.attr in BANNED_ATTRIBUTES:
+                return Validity.reject(f"uses the banned attribute {node.attr}")
+            if node.attr in FORMAT_METHODS and id(node) not in checked_formats:
+                return Validity.reject(f"uses {node.attr} other than called on a format string")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FORMAT_METHODS:
+            problem = _check_format_call(node)
+            if problem:
+                return Validity.reject(problem)
+            checked_formats.add(id(node.func))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "__" in node.value:
+            return Validity.reject("a string literal contains __")
         elif isinstance(node, ast.Global | ast.Nonlocal):
             return Validity.reject("uses global state")
     return Validity.ok()
+
+
+def _check_import(node: ast.Import | ast.ImportFrom) -> str | None:
+    """Why an import is refused: a module outside the allowed set, or a private or banned name."""
+    if isinstance(node, ast.Import):
+        modules = [alias.name for alias in node.names]
+    else:
+        modules = ["." * node.level + (node.module or "")]
+    for module in modules:
+        if module.split(".")[0] not in ALLOWED_IMPORTS:
+            return f"imports a module outside the allowed set: {module}"
+        if any(part.startswith("_") for part in module.split(".")):
+            return f"imports the private module {module}"
+    names = [alias.name for alias in node.names] if isinstance(node, ast.ImportFrom) else []
+    for name in names:
+        if name.startswith("_") or name in BANNED_ATTRIBUTES:
+            return f"imports the banned name {name} from {modules[0]}"
+    return None
+
+
+def _check_format_call(call: ast.Call) -> str | None:
+    """Why a ``format``/``format_map`` call is refused: a computed format string (it cannot be read
+    here) or a replacement field that walks attributes or items (``{0.real}``, ``{0[k]}``)."""
+    template = call.func.value
+    if isinstance(template, ast.Name) and template.id == "str":  # str.format(template, ...)
+        template = call.args[0] if call.args else None
+    if not (isinstance(template, ast.Constant) and isinstance(template.value, str)):
+        return f"calls {call.func.attr} on a computed format string"
+    if _walks_fields(template.value):
+        return f"calls {call.func.attr} with a field that walks attributes or items"
+    return None
+
+
+def _walks_fields(template: str) -> bool:
+    """Whether a format string has a replacement field (nested ones too) with ``.`` or ``[`` in its name."""
+    try:
+        fields = list(string.Formatter().parse(template))
+        return any(
+            (name and ("." in name or "[" in name)) or (spec and _walks_fields(spec)) for _, name, spec, _ in fields
+        )
+    except (ValueError, RecursionError):
+        return True  # malformed: it would fail in f anyway
 
 
 def check_execution(task: Task, domain: AZR) -> Validity:
