@@ -8,8 +8,11 @@ Layers, each one a separate defence:
    a cleared environment.
 2. A real unprivileged uid (65534 by default) with no groups, no capabilities and no_new_privs,
    set by ``setpriv`` inside the sandbox, so the process is not root anywhere and RLIMIT_NPROC holds.
-3. Resource limits: address space, CPU seconds, file size, open files, processes.
-4. The harness: a wall-clock timeout, output capped in bytes, the whole tree killed at the end.
+3. Resource limits: address space, CPU seconds, file size, open files, processes; a uid of its own
+   per run (so the process limit is per run), and a workdir on a tmpfs of its own with a size and
+   an inode budget (so the host's disk is never touched).
+4. The harness: a wall-clock timeout, output capped in bytes, every process of the run's uid killed
+   and gone before the workdir is removed.
 
 The program reports its result by writing JSON to ``result.json`` in its workdir; the harness reads
 it back as data with ``json.loads`` and never evaluates anything the sandbox returns.
@@ -21,10 +24,14 @@ is set, in which case it runs with the layers it has and logs what is missing.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import fcntl
 import json
 import logging
+import math
 import os
+import random
 import selectors
 import shutil
 import signal
@@ -32,17 +39,18 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from propel_core import hookimpl
-from propel_core.errors import PropelError
+from propel_core.errors import PropelError, Unavailable
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("ok", "error", "timeout", "oom", "output_limit", "crashed", "no_result", "sandbox_error")
+STATUSES = ("ok", "error", "timeout", "oom", "output_limit", "disk_limit", "crashed", "no_result", "sandbox_error")
 RESULT_FILE = "result.json"
 PYTHON_MOUNT = "/python"  # where the interpreter's prefix appears inside the sandbox
 
@@ -52,7 +60,7 @@ def register_sandboxes(register):
     register("local", LocalSandbox)
 
 
-class SandboxUnavailable(PropelError):
+class SandboxUnavailable(Unavailable):
     """An isolation layer is missing and the config did not allow running without it."""
 
 
@@ -82,7 +90,10 @@ class LocalSandbox:
         max_open_files: int = 64,
         max_processes: int = 16,
         max_result_bytes: int = 1 << 20,
-        uid: int = 65534,
+        disk_mb: int = 64,
+        max_files: int = 2048,
+        uid: int = 200000,
+        uid_count: int = 4096,
         allow_unisolated: bool = False,
         python_env: str | None = None,
     ):
@@ -93,7 +104,9 @@ class LocalSandbox:
         self.max_open_files = max_open_files
         self.max_processes = max_processes
         self.max_result_bytes = max_result_bytes
-        self.uid = uid
+        self.disk_bytes = disk_mb << 20
+        self.max_files = max_files
+        self.uids = range(uid, uid + uid_count)
         self.python_env = Path(python_env) if python_env else Path(sys.prefix)
         found = [path for name in ("python", "python3") if (path := self.python_env / "bin" / name).exists()]
         if not found:
@@ -121,7 +134,7 @@ class LocalSandbox:
         if self.bwrap is None:
             missing.append("bubblewrap (namespaces, read-only filesystem, no network)")
         if os.geteuid() != 0 or self.setpriv is None:
-            missing.append("switching to an unprivileged uid (needs root and setpriv)")
+            missing.append("a uid of its own per run and a bounded workdir (needs root and setpriv)")
         return missing
 
     @property
@@ -131,16 +144,13 @@ class LocalSandbox:
     def run_python(
         self, files: dict[str, str], main: str, hash_seed: int = 0, time_limit: float | None = None
     ) -> SandboxResult:
-        """Run ``python -I main`` in a fresh workdir holding ``files``; read ``result.json`` back."""
-        with tempfile.TemporaryDirectory(prefix="propel-sandbox-") as tmp:
-            workdir = Path(tmp) / "work"
-            workdir.mkdir()
+        """Run ``python -S -B main`` in a fresh workdir holding ``files``; read ``result.json`` back."""
+        with Cell(self) as cell:
+            workdir = cell.folder
             for name, text in files.items():
-                (workdir / name).write_text(text)
-            if self.isolated:
-                os.chown(workdir, self.uid, self.uid)  # files stay root-owned: readable, not writable
-            command, env = self._command(workdir, main, hash_seed)
-            return self._execute(command, env, workdir, time_limit or self.time_limit)
+                (workdir / name).write_text(text)  # root-owned: readable, not writable, by the run's uid
+            command, env = self._command(workdir, main, hash_seed, cell.uid)
+            return self._execute(command, env, cell, time_limit or self.time_limit)
 
     def workspace(self, path: Path | None = None, image: str | None = None, workdir: str = "/testbed") -> Workspace:
         """A fresh copy of the checkout at ``path``, seen at ``workdir`` by every command run in it."""
@@ -150,7 +160,7 @@ class LocalSandbox:
 
     # -- the command ------------------------------------------------------------------------------
 
-    def _command(self, workdir: Path, main: str, hash_seed: int) -> tuple[list[str], dict[str, str]]:
+    def _command(self, workdir: Path, main: str, hash_seed: int, uid: int) -> tuple[list[str], dict[str, str]]:
         """The command line and the environment it starts with.
 
         ``-S -B``: the standard library only (no site-packages, no ``.pth`` start-up code), no
@@ -164,34 +174,33 @@ class LocalSandbox:
             return [*self._limits(), sys.executable, "-S", "-B", main], env
         mounts = ["--ro-bind", sys.base_prefix, PYTHON_MOUNT, "--bind", str(workdir), "/work"]
         env = {**inner, "HOME": "/work", "TMPDIR": "/work"}
-        return self._isolated(mounts, "/work", env, [_python_in_mount(), "-S", "-B", main]), {"PATH": "/usr/bin:/bin"}
+        argv = self._isolated(mounts, "/work", env, [_python_in_mount(), "-S", "-B", main], uid)
+        return argv, {"PATH": "/usr/bin:/bin"}
 
     def run_command(
-        self, command: str, binds: dict[str, Path], cwd: str, time_limit: float | None = None
+        self, command: str, binds: dict[str, Path], cwd: str, cell: Cell, time_limit: float | None = None
     ) -> SandboxResult:
-        """Run ``bash -c command`` with each host folder of ``binds`` writable at its sandbox path and
-        the ``python_env`` virtual environment (the repository's test dependencies; this interpreter's
-        environment by default) read-only at its own path and first on ``PATH``; everything else as in
-        ``run_python``, plus a private ``/tmp``.
+        """Run ``bash -c command`` with each host folder of ``binds`` writable at its sandbox path (one
+        of them at ``/tmp``) and the ``python_env`` virtual environment (the repository's test
+        dependencies; this interpreter's environment by default) read-only at its own path and first
+        on ``PATH``, as the uid of ``cell`` (which holds the folders); the rest as in ``run_python``.
         Fails closed: without every isolation layer it refuses, whatever ``allow_unisolated`` says."""
         missing = self.missing_layers()
         if missing:
             raise SandboxUnavailable(f"repository commands need every isolation layer; missing: {'; '.join(missing)}")
-        mounts = ["--perms", "1777", "--tmpfs", "/tmp"]  # first: an environment may live under the host's /tmp
+        mounts = []
+        for inside, host in binds.items():  # first: the environment may live under the host's /tmp
+            mounts += ["--bind", str(host), inside]
         base = Path(os.path.realpath(self.interpreter)).parent.parent
         for prefix in dict.fromkeys((str(base), str(self.python_env))):  # a venv links to its base interpreter
             for parent in reversed(Path(prefix).parents[:-1]):  # traversable even where the host's is not
                 mounts += ["--perms", "0755", "--dir", str(parent)]
             mounts += ["--ro-bind", prefix, prefix]
-        for inside, host in binds.items():
-            os.chown(host, self.uid, self.uid)
-            mounts += ["--bind", str(host), inside]
         env = {"PATH": f"{self.python_env}/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
+               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}  # fmt: skip
         time_limit = time_limit or self.time_limit
-        argv = self._isolated(mounts, cwd, env, ["/bin/bash", "-c", command], time_limit)
-        host_cwd = Path(next(iter(binds.values())))
-        return self._execute(argv, {"PATH": "/usr/bin:/bin"}, host_cwd, time_limit, read_result=False)
+        argv = self._isolated(mounts, cwd, env, ["/bin/bash", "-c", command], cell.uid, time_limit)
+        return self._execute(argv, {"PATH": "/usr/bin:/bin"}, cell, time_limit, read_result=False)
 
     def _limits(self, time_limit: float | None = None) -> list[str]:
         return [
@@ -206,7 +215,13 @@ class LocalSandbox:
         ]
 
     def _isolated(
-        self, mounts: list[str], cwd: str, env: dict[str, str], argv: list[str], time_limit: float | None = None
+        self,
+        mounts: list[str],
+        cwd: str,
+        env: dict[str, str],
+        argv: list[str],
+        uid: int,
+        time_limit: float | None = None,
     ) -> list[str]:
         """bubblewrap (namespaces, read-only system, ``mounts``), then setpriv, then prlimit, then ``argv``."""
         command = [self.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
@@ -221,13 +236,13 @@ class LocalSandbox:
         command += ["--proc", "/proc", "--dev", "/dev", *mounts, "--chdir", cwd]
         for key, value in env.items():
             command += ["--setenv", key, value]
-        command += [self.setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs"]
+        command += [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
         return [*command, "--bounding-set=-all", "--inh-caps=-all", *self._limits(time_limit), *argv]
 
     # -- running it ---------------------------------------------------------------------------------
 
     def _execute(
-        self, command: list[str], env: dict[str, str], workdir: Path, time_limit: float, read_result: bool = True
+        self, command: list[str], env: dict[str, str], cell: Cell, time_limit: float, read_result: bool = True
     ) -> SandboxResult:
         started = time.monotonic()
         status_read, status_write = os.pipe()
@@ -236,7 +251,7 @@ class LocalSandbox:
         try:
             process = subprocess.Popen(
                 command,
-                cwd=workdir,
+                cwd=cell.folder,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -252,6 +267,7 @@ class LocalSandbox:
         stdout, stderr, stopped = self._collect(process, started + time_limit)
         self._kill(process)
         returncode = process.wait()
+        cell.reap()  # every process of the run is gone before anything is read or removed
         started_ok = self._container_started(status_read)
         result = SandboxResult(
             status="ok",
@@ -262,7 +278,9 @@ class LocalSandbox:
         )
         result.status, result.detail = self._classify(result, stopped, started_ok)
         if result.status == "ok" and read_result:
-            result.status, result.result, result.detail = self._read_result(workdir)
+            result.status, result.result, result.detail = self._read_result(cell.folder)
+        if result.status != "sandbox_error" and (full := cell.exhausted()):
+            result.status, result.detail = "disk_limit", full
         return result
 
     def _collect(self, process: subprocess.Popen, deadline: float) -> tuple[bytes, bytes, str | None]:
@@ -330,9 +348,168 @@ class LocalSandbox:
         if path.stat().st_size > self.max_result_bytes:
             return "output_limit", None, f"result larger than {self.max_result_bytes} bytes"
         try:
-            return "ok", json.loads(path.read_bytes()), None
+            return "ok", plain_json(path.read_bytes()), None
         except (ValueError, RecursionError) as exc:
-            return "no_result", None, f"result is not valid JSON: {type(exc).__name__}"
+            return "no_result", None, f"result is not plain JSON: {str(exc)[:200]}"
+
+
+def plain_json(data: bytes) -> Any:
+    """JSON read back as data, refused unless it round-trips exactly: no NaN or Infinity (also not
+    through an overflowing number like ``1e999``), no repeated keys, no unpaired surrogates."""
+
+    def refuse_constant(name: str) -> Any:
+        raise ValueError(f"non-finite number {name}")
+
+    def finite(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"non-finite number {text[:40]}")
+        return value
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found = dict(pairs)
+        if len(found) != len(pairs):
+            raise ValueError("a key repeated in one object")
+        return found
+
+    value = json.loads(data, parse_constant=refuse_constant, parse_float=finite, object_pairs_hook=unique)
+    try:
+        again = json.loads(json.dumps(value, allow_nan=False, ensure_ascii=False).encode())
+    except UnicodeEncodeError:
+        raise ValueError("a string that is not valid UTF-8 (an unpaired surrogate)") from None
+    if again != value:
+        raise ValueError("does not round-trip through JSON")
+    return value
+
+
+class Cell:
+    """What one run (or one workspace, over its runs) holds alone: a uid of the sandbox's range,
+    locked across threads and processes, and a folder on a tmpfs of its own, ``sandbox.disk_bytes``
+    plus ``extra_bytes`` large with ``sandbox.max_files`` plus ``extra_files`` inodes.
+
+    ``reap`` kills every process of the uid and returns once none is left; ``close`` reaps, unmounts
+    and removes the folder, and never raises (a failure is logged; a uid whose processes would not
+    die stays locked for the life of this process). Without every isolation layer the cell is a
+    plain temporary folder under the caller's own uid, with neither budget.
+    """
+
+    def __init__(self, sandbox: LocalSandbox, extra_bytes: int = 0, extra_files: int = 0):
+        self._tmp = Path(tempfile.mkdtemp(prefix="propel-sandbox-"))
+        self.folder = self._tmp / "cell"
+        self.folder.mkdir()
+        self.isolated = sandbox.isolated
+        self._lock, self._mounted = None, False
+        if not self.isolated:
+            self.uid = os.getuid()
+            return
+        try:
+            self.uid, self._lock = _lease_uid(sandbox.uids)
+            _mount_tmpfs(self.folder, sandbox.disk_bytes + extra_bytes, sandbox.max_files + extra_files, self.uid)
+            self._mounted = True
+        except BaseException:
+            self.close()
+            raise
+
+    def exhausted(self) -> str | None:
+        """Why the folder is full (no space or no inodes left), or None."""
+        if not self._mounted:
+            return None
+        try:
+            stats = os.statvfs(self.folder)
+        except OSError:
+            return None
+        if stats.f_bavail == 0:
+            return f"the workdir's {stats.f_blocks * stats.f_frsize >> 20} MiB are used up"
+        if stats.f_favail == 0:
+            return f"the workdir's {stats.f_files} files are used up"
+        return None
+
+    def reap(self) -> bool:
+        """Kill every process of the uid until none is left (zombies aside); False if some survive."""
+        if not self.isolated:
+            return True
+        deadline = time.monotonic() + 5.0
+        while pids := _processes_of(self.uid):
+            if time.monotonic() > deadline:
+                log.error("sandbox uid %d: processes %s survive SIGKILL; the uid stays locked", self.uid, pids)
+                return False
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.005)
+        return True
+
+    def close(self) -> None:
+        try:
+            gone = self.reap()
+            if self._mounted:
+                if _libc.umount2(str(self.folder).encode(), MNT_DETACH) != 0:
+                    log.warning("could not unmount %s: %s", self.folder, os.strerror(ctypes.get_errno()))
+                self._mounted = False
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            if self._lock is not None:
+                if gone:
+                    os.close(self._lock)
+                else:
+                    _STUCK.append(self._lock)
+                self._lock = None
+        except Exception:  # cleanup never raises into the caller
+            log.exception("sandbox cleanup of %s failed", self._tmp)
+
+    def __enter__(self) -> Cell:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
+_STUCK: list[int] = []  # lock descriptors of uids whose processes did not die: never released
+_UID_LOCKS = Path(tempfile.gettempdir()) / "propel-uid-locks"
+_lease_guard = threading.Lock()
+
+
+def _lease_uid(uids: range) -> tuple[int, int]:
+    """A uid of ``uids`` that no other run on this machine holds, and the locked descriptor holding it."""
+    _UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    start = random.randrange(len(uids))
+    with _lease_guard:
+        for offset in range(len(uids)):
+            uid = uids[(start + offset) % len(uids)]
+            fd = os.open(_UID_LOCKS / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return uid, fd
+    raise SandboxUnavailable(f"all {len(uids)} sandbox uids from {uids.start} are in use (raise uid_count)")
+
+
+def _mount_tmpfs(folder: Path, size: int, inodes: int, uid: int) -> None:
+    options = f"size={size},nr_inodes={inodes},mode=0755,uid={uid},gid={uid}".encode()
+    if _libc.mount(b"tmpfs", str(folder).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
+        code = ctypes.get_errno()
+        raise SandboxUnavailable(f"could not mount a tmpfs for the workdir: {os.strerror(code)}")
+
+
+def _processes_of(uid: int) -> list[int]:
+    """Live (not zombie) processes with ``uid`` as their real, effective or saved uid (read from
+    ``status``: a process can hide the owner of its ``/proc`` folder, not its credentials)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as handle:
+                fields = dict(line.split(b":", 1) for line in handle.read().splitlines() if b":" in line)
+        except OSError:
+            continue
+        uids = fields.get(b"Uid", b"").split()[:3]
+        if str(uid).encode() in uids and fields.get(b"State", b"").split()[:1] not in ([b"Z"], [b"X"]):
+            found.append(int(name))
+    return found
 
 
 OUT_DIR = "/propel-out"  # a writable folder outside the checkout, in every workspace
@@ -351,17 +528,29 @@ class Workspace:
         if not (source / ".git").exists():
             raise PropelError(f"{source} is not a git checkout")
         self.sandbox, self.workdir = sandbox, workdir
-        self._tmp = Path(tempfile.mkdtemp(prefix="propel-workspace-"))
-        self.roots = {workdir: self._tmp / "repo", OUT_DIR: self._tmp / "out"}
-        shutil.copytree(source, self.roots[workdir], symlinks=True)
-        self.roots[OUT_DIR].mkdir()
-        for folder in self.roots.values():
-            for parent, dirs, names in os.walk(folder):
-                for name in [parent, *(os.path.join(parent, n) for n in dirs + names)]:
-                    os.lchown(name, sandbox.uid, sandbox.uid)
+        size, files = _footprint(source)
+        self._cell = Cell(sandbox, extra_bytes=size, extra_files=files)
+        try:
+            self.roots = {workdir: self._cell.folder / "repo", OUT_DIR: self._cell.folder / "out"}
+            shutil.copytree(source, self.roots[workdir], symlinks=True)
+            self.roots[OUT_DIR].mkdir()
+            for folder in self.roots.values():
+                for parent, dirs, names in os.walk(folder):
+                    for name in [parent, *(os.path.join(parent, n) for n in dirs + names)]:
+                        os.lchown(name, self._cell.uid, self._cell.uid)
+        except BaseException:
+            self._cell.close()
+            raise
 
     def run(self, command: str, time_limit: float | None = None) -> SandboxResult:
-        return self.sandbox.run_command(command, self.roots, self.workdir, time_limit)
+        """Run ``command`` with an empty ``/tmp`` of its own (inside the workspace's budget), so that
+        nothing one run leaves there reaches the next."""
+        tmp = self._cell.folder / "tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(mode=0o1777)
+        os.chmod(tmp, 0o1777)
+        binds = {"/tmp": tmp, **self.roots}
+        return self.sandbox.run_command(command, binds, self.workdir, self._cell, time_limit)
 
     def read(self, path: str, limit: int = 16 << 20) -> bytes:
         fd = _open_no_symlink(self._host(path), os.O_RDONLY, path)
@@ -372,12 +561,12 @@ class Workspace:
 
     def write(self, path: str, data: bytes) -> None:
         fd = _open_no_symlink(self._host(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, path)
-        os.fchown(fd, self.sandbox.uid, self.sandbox.uid)
+        os.fchown(fd, self._cell.uid, self._cell.uid)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
 
     def close(self) -> None:
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._cell.close()
 
     def __enter__(self) -> Workspace:
         return self
@@ -396,6 +585,18 @@ class Workspace:
                     return host
                 raise PropelError(f"{path} leaves the workspace")
         raise PropelError(f"{path} is outside the workspace ({', '.join(self.roots)})")
+
+
+def _footprint(source: Path) -> tuple[int, int]:
+    """Bytes (rounded up to pages) and inodes a copy of ``source`` takes on a tmpfs."""
+    size = files = 0
+    for parent, dirs, names in os.walk(source):
+        files += 1 + len(dirs)
+        for name in names:
+            files += 1
+            with contextlib.suppress(OSError):
+                size += -(-os.lstat(os.path.join(parent, name)).st_size // 4096) * 4096
+    return size, files
 
 
 def _open_no_symlink(host: str, flags: int, path: str) -> int:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from propel_core.errors import Unavailable
 from propel_core.records import Context, SolverAttempt, Task, Validity
 
 if TYPE_CHECKING:
     from propel_core.plugins import Registry
+
+log = logging.getLogger("propel")
 
 Messages = list[dict[str, str]]
 #: one turn of a multi-turn episode: the model's reply to the conversation so far
@@ -44,6 +48,10 @@ class Domain(ABC):
     #: an agent domain: the generator and the solver act over many turns in an environment
     #: (``episode``, ``solver_episode``) instead of answering one prompt
     multi_turn: bool = False
+    #: whether the generator's episodes (or prompts) are answered by the generator model; a domain
+    #: whose generator is a program (the swe domain's ``generator: procedural``) says False, and the
+    #: core then never loads that model for it (generate, evaluate) and refuses to train it
+    uses_generator_model: bool = True
 
     @abstractmethod
     def contexts(self) -> list[Context]:
@@ -74,6 +82,14 @@ class Domain(ABC):
     @abstractmethod
     def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:
         """Grade one solver attempt against the task."""
+
+    def episode_contexts(self, contexts: list[Context], seed: int) -> list[Context]:
+        """The contexts a run's generations get, generation ``i`` the ``i``-th, from the ones drawn for
+        them and the run's seed; by default the drawn ones. Called once by the driver before any
+        generation runs, so a domain that deals things out without replacement (the swe procedural
+        generator's mutants) numbers each context's generations here, and what one gets does not
+        depend on which worker runs it or when. Keep each context's ``id``."""
+        return contexts
 
     def episode(self, context: Context, reply: Reply, seed: int) -> str:
         """Multi-turn domains: one generator episode on ``context``, each turn answered by ``reply``
@@ -107,26 +123,40 @@ def make_task(
     generator: str,
     predicates: dict[str, Callable[[Task, Domain], Validity]],
 ) -> Task:
-    """Parse, render and check one generation. Never raises on what the model wrote."""
+    """Parse, render and check one generation. Never raises on what the model wrote: a parser,
+    renderer or predicate that fails unexpectedly rejects the task with the error as its reason."""
     fields: dict[str, Any] = dict(
         id=task_id, domain=domain.name, context_id=context.id, generation=generation, generator=generator
     )
+    step = "parse"
     try:
         payload = domain.parse(generation)
+        step = "render"
+        task = Task(**fields, payload=payload, text=domain.render(payload), topic=domain.topic(payload),
+                    validity=Validity.ok())  # fmt: skip
+        for step in domain.validity_predicates:
+            validity = predicates[step](task, domain)
+            if not validity.valid:
+                task.validity = Validity.reject(f"{step}: {validity.reason}")
+                break
     except ParseError as exc:
         return Task(**fields, validity=Validity.reject(f"parse: {exc}"))
-    task = Task(
-        **fields, payload=payload, text=domain.render(payload), topic=domain.topic(payload), validity=Validity.ok()
-    )
-    for name in domain.validity_predicates:
-        validity = predicates[name](task, domain)
-        if not validity.valid:
-            task.validity = Validity.reject(f"{name}: {validity.reason}")
-            break
+    except Unavailable:
+        raise
+    except Exception as exc:
+        log.warning("task %s: %s failed unexpectedly: %s: %s", task_id, step, type(exc).__name__, exc)
+        return Task(**fields, validity=Validity.reject(f"{step} failed: {type(exc).__name__}: {str(exc)[:300]}"))
     return task
 
 
 def grade_attempt(domain: Domain, task: Task, text: str) -> SolverAttempt:
-    """One solver attempt at ``task``, graded by its domain."""
-    verdict = domain.grade(task.payload, text)
+    """One solver attempt at ``task``, graded by its domain; a grader that fails unexpectedly makes
+    the attempt ungradable, with the error as its reason, instead of ending the stage."""
+    try:
+        verdict = domain.grade(task.payload, text)
+    except Unavailable:
+        raise
+    except Exception as exc:
+        log.warning("task %s: the grader failed unexpectedly: %s: %s", task.id, type(exc).__name__, exc)
+        verdict = Verdict(None, f"grader failed: {type(exc).__name__}: {str(exc)[:300]}")
     return SolverAttempt(text=text, solved=verdict.solved, reason=verdict.reason, diagnostics=verdict.diagnostics)

@@ -126,7 +126,10 @@ class Worker:
 
     def run(self, job: Job, generate: Generate | None = None) -> SolverAttempt | Task:
         """Run one job; ``generate`` replaces the backend's (the local executor's batched turns)."""
-        domain, reply = self.domain, model_reply(generate or self.generate, self.sampling, job.seed)
+        domain = self.domain
+        if isinstance(job, Episode) and not domain.uses_generator_model:
+            generate = no_model  # the generator model is never loaded for such a domain
+        reply = model_reply(generate or self.generate, self.sampling, job.seed)
         if isinstance(job, Attempt):
             payload = job.task.payload
             text = domain.solver_episode(payload, reply) if domain.multi_turn else reply(domain.solver_prompt(payload))
@@ -137,6 +140,10 @@ class Worker:
             generation = reply(domain.generator_prompt(job.context))
         predicates = {name: self.registry.get("validity_predicates", name) for name in domain.validity_predicates}
         return make_task(job.task_id, domain, job.context, generation, self.model.model_id, predicates)
+
+
+def no_model(prompts, sampling, n=1, seed=None) -> list[list[str]]:
+    raise PropelError("the domain's generator uses no model (uses_generator_model is False), yet its episode asked it")
 
 
 class Executor(Protocol):
@@ -245,9 +252,11 @@ def task_id(index: int) -> str:
 def sample_tasks(run: Run, model: ModelConfig, contexts: list[Context], path: Path) -> list[Task]:
     """One task per context (task ``i`` from ``contexts[i]``), appended to ``path`` as each episode
     finishes; tasks already there are kept and not redone. Generation ``i`` is seeded by its task id,
-    so a resumed run, another executor, or another model given the same contexts uses the same seeds.
+    so a resumed run, another executor, or another model given the same contexts uses the same seeds
+    (and the same contexts: the domain's ``episode_contexts`` of them, made here before any job runs).
     """
     done = {task.id for task in iter_jsonl(path, Task)}
+    contexts = run.domain().episode_contexts(contexts, run.config.seed)
     jobs = [Episode(task_id(i), context, job_seed(run.config.seed, task_id(i)))
             for i, context in enumerate(contexts) if task_id(i) not in done]  # fmt: skip
     if done and jobs:

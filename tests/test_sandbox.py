@@ -1,13 +1,17 @@
 """The local sandbox: result statuses, isolation facts, and failing closed."""
 
+import json
 import shutil
 import subprocess
 import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from propel_core.errors import PropelError
-from propel_plugins.sandbox import STATUSES, LocalSandbox, SandboxUnavailable
+from propel_plugins.sandbox import STATUSES, LocalSandbox, SandboxUnavailable, plain_json
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +64,7 @@ def test_isolation_facts(sandbox, tmp_path, monkeypatch):
         "json.dump(facts, open('result.json', 'w'))\n"
     )
     one, two = run(sandbox, code, hash_seed=1).result, run(sandbox, code, hash_seed=2).result
-    assert (one["uid"], one["gid"], one["groups"]) == (65534, 65534, [])
+    assert one["uid"] in sandbox.uids and (one["gid"], one["groups"]) == (one["uid"], [])
     assert one["caps"] == "0000000000000000"
     assert one["pid"] < 10  # its own pid namespace
     assert one["env"] == ["HOME", "LC_CTYPE", "PATH", "PWD", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "TMPDIR"]
@@ -103,3 +107,65 @@ def test_repository_commands_use_python_env_even_under_tmp(tmp_path):
             ws.read("leak")
     with pytest.raises(PropelError, match="has no bin/python"):
         LocalSandbox(python_env=str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("code", "detail"),
+    [
+        ("for i in range(100):\n    open('f%d' % i, 'wb').write(b'0' * (8 << 20))", "MiB are used up"),
+        ("for i in range(100000):\n    open('n%d' % i, 'w').close()", "files are used up"),
+    ],
+)
+def test_a_full_workdir_is_its_own_status_and_the_host_is_untouched(sandbox, code, detail):
+    before = shutil.disk_usage(tempfile.gettempdir()).used
+    result = run(sandbox, code)
+    assert (result.status, detail in (result.detail or "")) == ("disk_limit", True), (result.status, result.detail)
+    assert abs(shutil.disk_usage(tempfile.gettempdir()).used - before) < 32 << 20
+    assert not list(Path(tempfile.gettempdir()).glob("propel-sandbox-*"))
+
+
+def test_nothing_outlives_a_run(sandbox):
+    """A child that leaves the session and keeps writing after its parent timed out: the run ends
+    with every process of its uid gone, then its folder is removed; nothing raises."""
+    code = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    i = 0\n    while True:\n"
+        "        open('late%d' % (i % 20), 'w').write('x' * 4096)\n        i += 1\nwhile True:\n    pass\n"
+    )
+    for _ in range(3):
+        assert run(sandbox, code).status == "timeout"
+    assert not list(Path(tempfile.gettempdir()).glob("propel-sandbox-*"))
+    ps = subprocess.run(["ps", "-e", "-o", "uid="], capture_output=True, text=True).stdout.split()
+    assert not [uid for uid in ps if int(uid) in sandbox.uids]
+
+
+def test_concurrent_runs_have_their_own_uid_and_process_budget(sandbox):
+    """One run exhausting its process limit leaves the others theirs."""
+    bomb = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.05)\n"
+    spawn = (
+        "import json, os, subprocess, time\ntime.sleep(0.5)\n"
+        "kids = [subprocess.Popen(['/bin/sleep', '0.2']) for _ in range(8)]\n"
+        "[k.wait() for k in kids]\njson.dump(os.getuid(), open('result.json', 'w'))\n"
+    )
+    with ThreadPoolExecutor(3) as pool:
+        bombs = pool.submit(run, sandbox, bomb)
+        spawned = list(pool.map(lambda _: run(sandbox, spawn), range(2)))
+    assert bombs.result().status == "timeout"
+    assert [r.status for r in spawned] == ["ok", "ok"], [r.detail for r in spawned]
+    assert len({r.result for r in spawned}) == 2 and all(r.result in sandbox.uids for r in spawned)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"v": NaN}', '{"v": Infinity}', "[-Infinity]", "[1e999]", '{"a": 1, "a": 2}', '["\\ud800"]'],
+)
+def test_result_must_round_trip(sandbox, text):
+    code = f"open('result.json', 'w').write({text!r})"
+    result = run(sandbox, code)
+    assert result.status == "no_result" and "not plain JSON" in result.detail
+    with pytest.raises(ValueError):
+        plain_json(text.encode())
+
+
+def test_plain_json_keeps_plain_data():
+    data = {"a": [1, -0.5, 1e300, "é", None, True], "b": {}}
+    assert plain_json(json.dumps(data).encode()) == data

@@ -35,6 +35,9 @@ def train_generator(run: Run, folder: Path) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     config, train_config = run.config, run.config.train
+    if not run.domain().uses_generator_model:
+        raise PropelError(f"domain {config.domain.name!r} writes its tasks with no model (its generator is a program, "
+                          "e.g. swe's generator: procedural): there is no generator model to train")  # fmt: skip
     bundle = Path(config.reward.main_probe) if config.reward.main_probe else run.dir / "probes" / "selected"
     uses_probe = reads_probe(run.component("reward_rules", config.reward.rule)(config.reward))
     if uses_probe and not (bundle / "probe.json").exists():

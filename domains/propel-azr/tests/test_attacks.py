@@ -11,7 +11,9 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -127,17 +129,53 @@ ATTACKS = {
     "nondeterminism_random": ("import random\ndef f(x):\n    return random.random() + x\n", "nondeterministic"),
     "file_size_bomb": ("def f(x):\n    open('big', 'wb').write(b'0' * (64 << 20))\n    return x\n", None),
     "huge_integer_output": ("def f(x):\n    return 10 ** 100000\n", None),
+    "disk_flood_many_big_files": (
+        "def f(x):\n    for i in range(1000):\n        open('big%d' % i, 'wb').write(b'0' * (8 << 20))\n    return x\n",
+        None,
+    ),
+    "inode_flood": (
+        "def f(x):\n    for i in range(100000):\n        open('n%d' % i, 'w').close()\n    return x\n",
+        None,
+    ),
+    "outlive_the_timeout": (
+        "import os\ndef f(x):\n    if os.fork() == 0:\n        os.setsid()\n        i = 0\n        while True:\n"
+        "            open('late%d' % (i % 50), 'w').write('x')\n            i += 1\n    while True:\n        pass\n",
+        None,
+    ),
+    "forged_result_nan": (
+        "import json, os\ndef f(x):\n    open('result.json', 'w').write('{{\"outputs\": [{{\"value\": NaN}}]}}')\n"
+        "    os._exit(0)\n",
+        None,
+    ),
+    "forged_result_overflow": (
+        "import os\ndef f(x):\n    open('result.json', 'w').write('{{\"outputs\": [{{\"value\": 1e999}}]}}')\n"
+        "    os._exit(0)\n",
+        None,
+    ),
 }
 
 
 def sandbox_processes() -> list[str]:
-    out = subprocess.run(["ps", "-u", "65534", "-o", "pid=,cmd="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if line.strip()]
+    """Processes of any uid the sandbox hands out (a range of its own, one uid per run)."""
+    from propel_plugins.sandbox import LocalSandbox
+
+    uids = LocalSandbox(time_limit=1).uids
+    out = subprocess.run(["ps", "-e", "-o", "uid=,pid=,cmd="], capture_output=True, text=True).stdout
+    return [
+        line for line in out.splitlines() if line.split() and int(line.split()[0]) in uids and "<defunct>" not in line
+    ]
+
+
+def sandbox_leftovers() -> list[str]:
+    """Sandbox folders left behind (one still mounted belongs to a run under way elsewhere)."""
+    folders = Path(tempfile.gettempdir()).glob("propel-sandbox-*")
+    return [path.name for path in folders if not os.path.ismount(path / "cell")]
 
 
 def assert_contained(host, started: float, *texts: str) -> None:
     time.sleep(0.2)  # let the kernel finish tearing down the pid namespace
     assert sandbox_processes() == []
+    assert sandbox_leftovers() == []
     assert sorted(p.name for p in host["folder"].iterdir()) == ["canary.txt"]
     assert host["canary"].read_text() == "untouched"
     with pytest.raises(TimeoutError):

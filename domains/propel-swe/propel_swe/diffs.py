@@ -1,23 +1,23 @@
-"""Our own checks of a diff before anything runs, and which paths count as tests.
+"""What a bug (or a fix) may change, judged on what applying it did to the checkout, never on how
+its headers read: two snapshots (``report.SNAPSHOT``) before and after, compared path by path.
 
-A bug (or a fix) may only change the code under test. Everything that could change what the test
-suite checks, how it runs, or what the interpreter does at start-up is refused, as is anything that
-could reach outside the repository: ``..``, absolute paths, ``.git/``, symlinks, submodules, binary
-patches and mode changes.
+A change may only *modify* existing Python source files of the code under test: the files the suite
+imported at preflight (any non-test ``.py`` file when that list is empty). Creating, deleting or
+renaming a file, changing a mode or a symbolic link, and touching tests or anything that configures
+how tests run or how Python starts are refused. A run of the suite may not change any of those
+either, nor any code file.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 RUNNER_FILES = frozenset(
-    {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py", "sitecustomize.py",
-     "usercustomize.py", ".coveragerc"}
+    {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py",
+     "sitecustomize.py", "usercustomize.py", ".coveragerc", "pytest.py"}
 )  # fmt: skip
-SPECIAL_MODES = {"120000": "a symlink", "160000": "a submodule"}
+CODE_SUFFIXES = (".py", ".pyc", ".pyi", ".pth", ".so")
 
 
 def is_test_path(path: str) -> bool:
@@ -33,67 +33,30 @@ def is_test_path(path: str) -> bool:
     )
 
 
-@dataclass
-class DiffCheck:
-    paths: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    @property
-    def reason(self) -> str | None:
-        return "; ".join(self.problems) or None
+def changed(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    return sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
 
 
-HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$")
-
-
-def check_diff(diff: str) -> DiffCheck:
-    """Every changed path and every problem with the diff (none: it may be applied)."""
-    result = DiffCheck()
-    if not diff.strip():
-        result.problems.append("empty diff: nothing changed")
-        return result
-    paths: list[str] = []
-    for line in diff.splitlines():
-        if match := HEADER.match(line):
-            paths += match.groups()
-        elif line.startswith(("--- ", "+++ ")):
-            target = line[4:].split("\t")[0].strip()
-            if target != "/dev/null":
-                paths.append(_strip_prefix(target))
-        elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
-            paths.append(line.split(" ", 2)[2].strip())
-        elif line.startswith(("old mode ", "new mode ")):
-            result.problems.append("mode change")
-        elif line.startswith(("new file mode ", "deleted file mode ")):
-            mode = line.rsplit(" ", 1)[1]
-            if mode in SPECIAL_MODES:
-                result.problems.append(f"adds or removes {SPECIAL_MODES[mode]}")
-            elif mode != "100644":
-                result.problems.append(f"file mode {mode}")
-        elif line.startswith("index ") and line.rsplit(" ", 1)[-1] in SPECIAL_MODES:
-            result.problems.append(f"changes {SPECIAL_MODES[line.rsplit(' ', 1)[-1]]}")
-        elif line.startswith(("GIT binary patch", "Binary files ")):
-            result.problems.append("binary patch")
-    result.paths = list(dict.fromkeys(paths))
-    if not result.paths:
-        result.problems.append("no file headers: not a unified diff")
-    for path in result.paths:
-        parts = PurePosixPath(path).parts
-        if path.startswith("/"):
-            result.problems.append(f"absolute path {path}")
-        elif ".." in parts:
-            result.problems.append(f"path leaves the repository: {path}")
-        elif ".git" in parts:
-            result.problems.append(f"touches git metadata: {path}")
+def change_problems(before: dict[str, str], after: dict[str, str], allowed: set[str] | None) -> list[str]:
+    """Why the change from snapshot ``before`` to ``after`` is not a plain edit of source files in
+    ``allowed`` (None: any non-test ``.py`` file); empty when it is one."""
+    problems = []
+    for path in changed(before, after):
+        old, new = before.get(path), after.get(path)
+        if old is None:
+            problems.append(f"creates {path}")
+        elif new is None:
+            problems.append(f"deletes {path}")
+        elif old.split()[0] != new.split()[0] or old.startswith(("link", "special")):
+            problems.append(f"changes the mode or type of {path}")
         elif is_test_path(path):
-            result.problems.append(f"touches tests or test configuration: {path}")
-    result.problems = list(dict.fromkeys(result.problems))
-    return result
+            problems.append(f"touches tests or test configuration: {path}")
+        elif not path.endswith(".py") or (allowed is not None and path not in allowed):
+            problems.append(f"touches {path}, not source code the suite imports")
+    return problems
 
 
-def _strip_prefix(path: str) -> str:
-    return path[2:] if path.startswith(("a/", "b/")) else path
+def run_problems(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """Tests, test configuration or code that a run of the suite changed, created or deleted."""
+    return [f"the code under test changed {path} while the suite ran" for path in changed(before, after)
+            if is_test_path(path) or path.endswith(CODE_SUFFIXES)]  # fmt: skip

@@ -3,29 +3,34 @@
 A context is one repository (so grouping by context is grouping by repository, as the probe
 sweep's grouped k-fold needs). The generator's episode is either the bug-writing agent in a fresh
 sandbox or, with ``generator: procedural``, one AST mutation; either way the task's ``generation`` is
-the trajectory as JSON, whose ``diff`` is the bug. The validity predicate ``swe_bug`` replays the
-diff on a clean checkout (see ``verifier.py``). Each solver attempt is an agent episode in a fresh
-sandbox with the bug applied and git history reset (so ``git diff`` does not give the bug away); it is
-graded on a clean checkout again.
+the trajectory as JSON, whose ``diff`` is the bug. The procedural generator uses no model and deals
+out each repository's distinct mutants in a seeded order: ``episode_contexts`` numbers a run's
+episodes per repository, and episode ``i`` gets mutant ``i``. The validity predicate ``swe_bug``
+replays the diff on a clean checkout (see ``verifier.py``). Each solver attempt is an agent episode
+in a fresh sandbox with the bug applied and git history reset (so ``git diff`` does not give the bug
+away); it is graded on a clean checkout again.
 """
 
 from __future__ import annotations
 
 import json
-import random
+import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from propel_core.domain import Domain, Messages, ParseError, Reply, Verdict
 from propel_core.embedded import cache_dir
 from propel_core.errors import PropelError
+from propel_core.execution import job_seed
 from propel_core.records import Context, Task, Validity
 from propel_swe import agent
-from propel_swe.procedural import procedural_bug, source_files
+from propel_swe.procedural import Mutants, source_files
 from propel_swe.repos import RepoSpec, load_registry
 from propel_swe.verifier import Baseline, apply_diffs, grade_fix, preflight, verify_bug, workspace
 
 GENERATORS = ("agent", "procedural")
+NO_MUTANT_LEFT = "no_mutant_left"  # the stop reason of a procedural episode past the last distinct mutant
 RESET_HISTORY = (
     "rm -rf .git && git init -q && git add -A && "
     "git -c user.name=propel -c user.email=propel@localhost commit -qm 'repository' --no-verify"
@@ -67,6 +72,8 @@ class SWE(Domain):
         self._sandbox = None
         self._baselines: dict[str, Baseline] = {}
         self._sources: dict[str, dict[str, str]] = {}
+        self._mutants: dict[tuple[str, int], Mutants] = {}  # (repository, order seed) -> its mutants
+        self._mutants_lock = threading.Lock()
 
     # -- repositories -------------------------------------------------------------------------------
 
@@ -108,10 +115,29 @@ class SWE(Domain):
             {"role": "user", "content": agent.BUG_WRITER_TASK.format(repo=repo.name)},
         ]
 
+    @property
+    def uses_generator_model(self) -> bool:
+        return self.generator != "procedural"
+
+    def episode_contexts(self, contexts: list[Context], seed: int) -> list[Context]:
+        """Procedural: each repository's episodes numbered in the order drawn (``mutant`` 0, 1, ...),
+        with the order seed of the repository's mutants in this run (``mutant_seed``, from the run's
+        seed and the repository), so episode ``i`` gets the ``i``-th distinct mutant on any worker."""
+        if self.generator != "procedural":
+            return contexts
+        drawn: Counter[str] = Counter()
+        numbered = []
+        for context in contexts:
+            repo = context.data["repo"]
+            data = {**context.data, "mutant": drawn[repo], "mutant_seed": job_seed(seed, repo)}
+            numbered.append(context.model_copy(update={"data": data}))
+            drawn[repo] += 1
+        return numbered
+
     def episode(self, context: Context, reply: Reply, seed: int) -> str:
         repo = self.repos[context.data["repo"]]
         if self.generator == "procedural":
-            return json.dumps(self.procedural_episode(repo, seed))
+            return json.dumps(self.procedural_episode(repo, context, seed))
         with workspace(self.sandbox, repo) as ws:
             trajectory = agent.run_episode(ws, self.generator_prompt(context), reply, agent.BUG_WRITER_TOOLS,
                                            self.max_turns, self.episode_budget, self.command_time_limit,
@@ -119,20 +145,35 @@ class SWE(Domain):
             trajectory["diff"] = agent.final_diff(ws) if trajectory["stop_reason"] != "error" else ""
         return json.dumps({"repo": repo.name, "generator": "agent", **trajectory})
 
-    def procedural_episode(self, repo: RepoSpec, seed: int) -> dict[str, Any]:
-        found = procedural_bug(self.clean_sources(repo), random.Random(seed))
-        description, diff = found if found else ("no mutation site", "")
+    def procedural_episode(self, repo: RepoSpec, context: Context, seed: int) -> dict[str, Any]:
+        """The context's mutant (``episode_contexts``); a context no run numbered (a direct call)
+        takes mutant number ``seed`` of the order seeded 0. Past the last one, no bug: the episode
+        stops with ``no_mutant_left``, and ``parse`` rejects it with the reason."""
+        index, order = context.data.get("mutant", seed), context.data.get("mutant_seed", 0)
+        with self._mutants_lock:  # episodes in threads share the repository's mutants
+            if (repo.name, order) not in self._mutants:
+                self._mutants[repo.name, order] = Mutants(self.clean_sources(repo), order)
+            mutants = self._mutants[repo.name, order]
+            found = mutants.get(index)
+        stop_reason, (description, diff) = "stop", found or ("", "")
+        if found is None:
+            stop_reason = NO_MUTANT_LEFT
+            description = (f"no mutant left: {repo.name} has {len(mutants.made)} distinct mutants and this "
+                           f"episode asked for number {index} (from 0)")  # fmt: skip
         turn = {"assistant": f"{description}\n{diff}", "tool": None}
         return {"repo": repo.name, "generator": "procedural", "messages": [], "turns": [turn],
-                "stop_reason": "stop", "seconds": 0.0, "diff": diff}  # fmt: skip
+                "stop_reason": stop_reason, "detail": description, "seconds": 0.0, "diff": diff}  # fmt: skip
 
     def clean_sources(self, repo: RepoSpec) -> dict[str, str]:
-        """The clean checkout's code under test (path -> source), read once per repository."""
+        """The clean checkout's code under test (path -> source), read once per repository: the files
+        the suite imported (preflight's ``imported_files``) or, without that list, every code file but
+        documentation, examples and tooling (``procedural.source_files``)."""
         if repo.name not in self._sources:
+            imported = self.baseline(repo).imported_files
             with workspace(self.sandbox, repo) as ws:
                 listed = ws.run("git ls-files -z").stdout.split("\0")
                 self._sources[repo.name] = {path: ws.read(path).decode(errors="replace")
-                                            for path in source_files(listed)}  # fmt: skip
+                                            for path in source_files(listed, imported)}  # fmt: skip
         return self._sources[repo.name]
 
     def parse(self, generation: str) -> dict[str, Any]:
@@ -144,6 +185,8 @@ class SWE(Domain):
             raise ParseError("a trajectory needs repo, diff and turns")
         if trajectory["repo"] not in self.repos:
             raise ParseError(f"unknown repository {trajectory['repo']!r}")
+        if trajectory.get("stop_reason") == NO_MUTANT_LEFT:
+            raise ParseError(trajectory.get("detail") or "no mutant left")
         return {
             "repo": trajectory["repo"],
             "diff": trajectory["diff"],

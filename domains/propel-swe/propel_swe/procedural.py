@@ -3,7 +3,9 @@
 Model-free, so it gives real bugs on any machine and a baseline for the agent. Mutations: flip a
 comparison, an off-by-one in arithmetic, an index or a range, swap two arguments, drop an
 ``if ...: return`` branch, flip a boolean constant, swap ``and``/``or``. Only the mutated node's
-source is rewritten, so the rest of the file (comments, layout) stays as it was.
+source is rewritten, so the rest of the file (comments, layout) stays as it was. A repository's
+distinct mutants come in one seeded order (:class:`Mutants`), and a run gives each of its episodes on
+that repository the next one, so no run plants the same bug twice.
 """
 
 from __future__ import annotations
@@ -28,9 +30,24 @@ class Site:
     node: ast.AST
 
 
-def source_files(paths: list[str]) -> list[str]:
-    """Python files that are code under test: no tests, no test configuration, no setup scripts."""
-    return [p for p in paths if p.endswith(".py") and not is_test_path(p) and p.rsplit("/", 1)[-1] != "setup.py"]
+#: where code under test does not live, when preflight did not record what the suite imported: these
+#: folders at the top of the checkout, and files of these names anywhere
+NOT_CODE_FOLDERS = frozenset({"doc", "docs", "documentation", "example", "examples", "benchmark", "benchmarks",
+                              "bench", "scripts", "tools", "ci", ".github"})  # fmt: skip
+NOT_CODE_FILES = frozenset({"setup.py", "versioneer.py", "fabfile.py"})
+
+
+def source_files(paths: list[str], imported: list[str] | None = None) -> list[str]:
+    """The Python files of ``paths`` a bug may be planted in: never tests or test configuration. With
+    ``imported`` (preflight's list of the files the suite imported) only those, so every mutant is in
+    code some test runs; without it (an older preflight), every file but documentation, examples,
+    tooling and packaging (``NOT_CODE_FOLDERS``, ``NOT_CODE_FILES``)."""
+    code = [path for path in paths if path.endswith(".py") and not is_test_path(path)]
+    if imported:
+        wanted = set(imported)
+        return [path for path in code if path in wanted]
+    return [path for path in code if path.split("/", 1)[0] not in NOT_CODE_FOLDERS
+            and path.rsplit("/", 1)[-1] not in NOT_CODE_FILES]  # fmt: skip
 
 
 def sites(path: str, tree: ast.AST) -> list[Site]:
@@ -123,28 +140,58 @@ def unified_diff(path: str, before: str, after: str) -> str:
                                         f"a/{path}", f"b/{path}"))  # fmt: skip
 
 
-def procedural_bug(files: dict[str, str], rng: random.Random, tries: int = 50) -> tuple[str, str] | None:
-    """(description, diff) of one random mutation of ``files`` (path -> source), or None. The kind
-    of mutation is drawn first, then a site of that kind, so call-heavy code does not make nearly
-    every bug an argument swap."""
+def site_order(files: dict[str, str], rng: random.Random) -> list[Site]:
+    """Every mutation site of ``files`` (path -> source), in an order drawn from ``rng``: the kind of
+    mutation first (uniformly among the kinds with sites left), then a site of that kind, so
+    call-heavy code does not make nearly every bug an argument swap."""
     by_kind: dict[str, list[Site]] = {}
     for path in sorted(files):
         if not files[path].endswith("\n"):
             continue
         try:
-            for site in sites(path, ast.parse(files[path])):
-                by_kind.setdefault(site.kind, []).append(site)
-        except SyntaxError:
+            tree = ast.parse(files[path])
+        except (SyntaxError, ValueError):
             continue
-    for _ in range(tries):
-        if not by_kind:
-            break
+        for site in sites(path, tree):
+            by_kind.setdefault(site.kind, []).append(site)
+    for kind in sorted(by_kind):
+        rng.shuffle(by_kind[kind])
+    order = []
+    while by_kind:
         kind = rng.choice(sorted(by_kind))
-        site = by_kind[kind].pop(rng.randrange(len(by_kind[kind])))
+        order.append(by_kind[kind].pop())
         if not by_kind[kind]:
             del by_kind[kind]
-        mutated = mutate(site, files[site.path])
-        if mutated is not None:
-            line = getattr(site.node, "lineno", 0)
-            return f"{site.kind} at {site.path}:{line}", unified_diff(site.path, files[site.path], mutated)
-    return None
+    return order
+
+
+class Mutants:
+    """The distinct mutants of ``files`` (path -> source) in one order fixed by ``seed``: ``get(i)`` is
+    the i-th, the same in any process whatever was asked before. A site whose mutation does not parse
+    or gives a diff an earlier mutant gave is skipped. Mutants are made only as far as asked for.
+    Not thread-safe: callers that share one hold a lock."""
+
+    def __init__(self, files: dict[str, str], seed: int):
+        self.files, self.order = files, site_order(files, random.Random(seed))
+        self.made: list[tuple[str, str]] = []
+        self._diffs: set[str] = set()
+        self._next = 0
+
+    def get(self, index: int) -> tuple[str, str] | None:
+        """(description, diff) of mutant ``index``; None when there are not that many."""
+        while len(self.made) <= index and self._next < len(self.order):
+            site = self.order[self._next]
+            self._next += 1
+            mutated = mutate(site, self.files[site.path])
+            if mutated is None:
+                continue
+            diff = unified_diff(site.path, self.files[site.path], mutated)
+            if diff not in self._diffs:
+                self._diffs.add(diff)
+                self.made.append((f"{site.kind} at {site.path}:{getattr(site.node, 'lineno', 0)}", diff))
+        return self.made[index] if index < len(self.made) else None
+
+    def count(self) -> int:
+        """How many distinct mutants there are (makes them all)."""
+        self.get(len(self.order))
+        return len(self.made)

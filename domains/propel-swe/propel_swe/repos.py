@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from propel_core.errors import PropelError
 
-PARSERS = ("junit",)
+PARSERS = ("pytest",)
 
 
 class RepoSpec(BaseModel):
@@ -29,8 +29,10 @@ class RepoSpec(BaseModel):
     image: str | None = Field(None, description="a container image with the checkout at workdir (docker)")
     workdir: str = "/testbed"
     test_command: str = "python -m pytest -q -p no:cacheprovider"
-    parser: Literal["junit"] = "junit"
-    time_budget: float = Field(600.0, gt=0, description="seconds for one run of the suite")
+    parser: Literal["pytest"] = "pytest"
+    time_budget: float = Field(
+        600.0, gt=0, description="seconds for the preflight run; verification runs get 10x its duration (30 s..this)"
+    )
 
     @model_validator(mode="after")
     def _has_a_source(self) -> RepoSpec:

@@ -2,12 +2,16 @@
 is a diff a real bug (the validity predicate), and does a fix solve it (the solver's grade).
 
 Every check starts from a fresh, clean checkout in a fresh sandbox, so nothing an agent did to its
-own workspace (its git metadata included) can reach a verdict. Results come from the runner's JUnit
-XML report, never from what the code under test prints.
+own workspace (its git metadata included) can reach a verdict. What a diff changed is read from
+snapshots of the checkout before and after (``diffs``), and test outcomes from our pytest plugin's
+lines on a pipe (``pytest_report``), never from a file or output the code under test can rewrite.
+``docs/sandbox.md`` says what this guarantees and what it cannot.
 """
 
 from __future__ import annotations
 
+import json
+import secrets
 import shlex
 import time
 from collections import Counter
@@ -17,17 +21,21 @@ from pydantic import BaseModel, Field
 
 from propel_core.errors import PropelError
 from propel_plugins.sandbox import OUT_DIR
-from propel_swe.diffs import check_diff, is_test_path
-from propel_swe.junit import parse_junit
+from propel_swe.diffs import change_problems, is_test_path, run_problems
+from propel_swe.report import PLUGIN, SNAPSHOT, read_report
 from propel_swe.repos import RepoSpec
 
-REPORT = f"{OUT_DIR}/junit.xml"
 MAX_BASELINE_FAILURES = 1  # paper 13.1
+RECHECKS = 3  # failing tests of a bug run again, each alone in a fresh process
+MIN_SUITE_SECONDS, SUITE_BUDGET_FACTOR = 30.0, 10.0  # a verification's budget from the preflight's duration
+#: statuses of a suite run that the change under test caused; any other failure is the machine's
+CHANGE_FAILURES = ("tampered", "no_report", "disk_limit", "output_limit", "oom", "crashed")
 
 
 class SuiteRun(BaseModel):
-    status: str = Field(description="ok: the suite ran and wrote its report; else timeout, no_report, ...")
-    tests: dict[str, str] = Field(default_factory=dict)
+    status: str = Field(description="ok: the suite ran and reported; else tampered, no_report, timeout, ...")
+    tests: dict[str, str] = Field(default_factory=dict, description="pytest node id -> outcome")
+    imported: list[str] = Field(default_factory=list)
     duration: float = 0.0
     detail: str | None = None
 
@@ -42,7 +50,9 @@ class Baseline(BaseModel):
     test_count: int = 0
     failures: int = 0
     duration: float = 0.0
-    test_hashes: dict[str, str] = Field(default_factory=dict)
+    imported_files: list[str] = Field(
+        default_factory=list, description="non-test files of the checkout the suite imported (repo-relative)"
+    )
     detail: str | None = None
 
     @property
@@ -66,44 +76,58 @@ def workspace(sandbox, repo: RepoSpec):
     return sandbox.workspace(path=repo.path, image=repo.image, workdir=repo.workdir)
 
 
-def run_suite(ws, repo: RepoSpec) -> SuiteRun:
-    """Run the test command with a JUnit report in ``OUT_DIR``; the outcome of each test from it."""
-    command = repo.test_command
-    command = command.replace("{junit}", REPORT) if "{junit}" in command else f"{command} --junitxml={REPORT}"
-    ws.run(f"rm -f {REPORT}")
-    result = ws.run(command, time_limit=repo.time_budget)
-    if result.status in ("timeout", "sandbox_error"):
+def suite_budget(repo: RepoSpec, baseline: Baseline) -> float:
+    """Seconds one verification run of the suite may take: ten times the preflight's duration, at
+    least 30 s, at most the repository's ``time_budget`` (which bounds the preflight itself)."""
+    return min(repo.time_budget, max(MIN_SUITE_SECONDS, SUITE_BUDGET_FACTOR * baseline.duration))
+
+
+def run_suite(ws, repo: RepoSpec, time_limit: float, select: list[str] | None = None) -> SuiteRun:
+    """Run the test command with our report plugin (``pytest_report``) loaded from a folder whose
+    name the code under test cannot know in advance; the outcome of each test from the plugin's
+    lines on descriptor 3, the suite's own output to a log file. ``select``: only these node ids."""
+    folder, key = f"{OUT_DIR}/run-{secrets.token_hex(8)}", secrets.token_hex(16)
+    made = ws.run(f"mkdir -m 755 {folder}")
+    if made.returncode != 0:
+        return SuiteRun(status="sandbox_error", detail=f"could not prepare the run: {made.stderr.strip()[-200:]}")
+    ws.write(f"{folder}/propel_report.py", PLUGIN)
+    ws.write(f"{folder}/orders.json", json.dumps({"key": key, "root": repo.workdir, "select": select}).encode())
+    command = (f"export PYTHONPATH={folder}${{PYTHONPATH:+:$PYTHONPATH}} PYTEST_PLUGINS=propel_report\n"
+               f"{{ {repo.test_command}\n}} 3>&1 >{folder}/suite.log 2>&1")  # fmt: skip
+    result = ws.run(command, time_limit=time_limit)
+    if result.status not in ("ok", "error"):
         return SuiteRun(status=result.status, duration=result.duration, detail=result.detail)
-    try:
-        tests = parse_junit(ws.read(REPORT))
-    except (FileNotFoundError, PropelError) as exc:
-        tail = (result.stdout + result.stderr).strip().splitlines()[-3:]
-        return SuiteRun(status="no_report", duration=result.duration, detail=f"{exc}; output ends: {' | '.join(tail)}")
-    return SuiteRun(status="ok", tests=tests, duration=result.duration)
+    report = read_report(result.stdout, key)
+    if report.problem:
+        try:
+            tail = " | ".join(ws.read(f"{folder}/suite.log").decode(errors="replace").strip().splitlines()[-3:])
+        except (OSError, PropelError):
+            tail = ""
+        status = "no_report" if "no end" in report.problem or "without" in report.problem else "tampered"
+        return SuiteRun(status=status, duration=result.duration, detail=f"{report.problem}; output ends: {tail}")
+    return SuiteRun(status="ok", tests=report.tests, imported=report.imported, duration=result.duration)
 
 
-def test_hashes(ws) -> dict[str, str]:
-    """Git blob hashes of every tracked test and test-configuration file, by content."""
-    listed = ws.run("git ls-files -z")
-    if listed.returncode != 0:
-        raise PropelError(f"git ls-files failed in the workspace: {listed.stderr.strip()[-300:]}")
-    paths = [path for path in listed.stdout.split("\0") if path and is_test_path(path)]
-    if not paths:
-        return {}
-    ws.write(f"{OUT_DIR}/test-paths", "\n".join(paths).encode() + b"\n")
-    hashed = ws.run(f"git hash-object --no-filters --stdin-paths < {OUT_DIR}/test-paths")
-    return dict(zip(paths, hashed.stdout.split(), strict=False))
+def snapshot(ws) -> dict[str, str]:
+    """Every file of the checkout but ``.git`` (mode and content hash, or a link's target), listed by
+    a fresh ``python -I -S`` that runs none of the repository's code."""
+    out = f"{OUT_DIR}/snapshot-{secrets.token_hex(8)}.json"
+    taken = ws.run(f"python -I -S -c {shlex.quote(SNAPSHOT)} {out}")
+    if taken.returncode != 0:
+        raise PropelError(f"could not list the checkout ({taken.status}): {taken.stderr.strip()[-300:]}")
+    return json.loads(ws.read(out, limit=256 << 20))
 
 
 def preflight(sandbox, repo: RepoSpec) -> Baseline:
-    """Run the suite once on the clean checkout: status, test count, duration, failures, per-test."""
+    """Run the suite once on the clean checkout: status, test count, duration, failures, per-test,
+    and which of its files the suite imports."""
     with workspace(sandbox, repo) as ws:
-        hashes = test_hashes(ws)
-        suite = run_suite(ws, repo)
+        suite = run_suite(ws, repo, repo.time_budget)
     failures = sum(outcome in ("failed", "error") for outcome in suite.tests.values())
+    imported = [path for path in suite.imported if path.endswith(".py") and not is_test_path(path)]
     return Baseline(repo=repo.name, key=repo.key(), status=suite.status, tests=suite.tests,
-                    test_count=len(suite.tests), failures=failures, duration=suite.duration, test_hashes=hashes,
-                    detail=suite.detail)  # fmt: skip
+                    test_count=len(suite.tests), failures=failures, duration=suite.duration,
+                    imported_files=imported, detail=suite.detail)  # fmt: skip
 
 
 class Check(BaseModel):
@@ -126,32 +150,44 @@ def apply_diffs(ws, diffs: list[str]) -> str | None:
     return None
 
 
+def _allowed(baseline: Baseline) -> set[str] | None:
+    return set(baseline.imported_files) or None
+
+
 def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str) -> Check:
-    """W(x) for a bug: our diff checks pass, it applies to a clean checkout, test files are unchanged
-    (also by content hash), the suite collects the same tests, and at least one test that passed in
-    the baseline now fails inside the test (not in collection or set-up)."""
+    """W(x) for a bug, on a fresh clean checkout: it applies (``git apply --recount``, no fuzz); it
+    only modifies source files the suite imports (``diffs``); the suite, run with our report plugin,
+    leaves tests, their configuration and code untouched, collects exactly the baseline's tests, and
+    at least one test that passed in the baseline now fails inside the test (not in collection or
+    set-up); and each such test (up to ``RECHECKS``) fails again run alone in a fresh process."""
     started = time.monotonic()
-    static = check_diff(diff)
-    if not static.ok:
-        return Check(valid=False, reason=static.reason)
+
+    def invalid(reason: str, **fields: Any) -> Check:
+        return Check(valid=False, reason=reason, seconds=time.monotonic() - started, **fields)
+
+    if not diff.strip():
+        return invalid("empty diff: nothing changed")
+    budget = suite_budget(repo, baseline)
     with workspace(sandbox, repo) as ws:
+        clean = snapshot(ws)
         reason = apply_diffs(ws, [diff])
         if reason:
-            return Check(valid=False, reason=reason, seconds=time.monotonic() - started)
-        if test_hashes(ws) != baseline.test_hashes:
-            return Check(valid=False, reason="test files changed", seconds=time.monotonic() - started)
-        suite = run_suite(ws, repo)
-        if suite.status == "ok" and test_hashes(ws) != baseline.test_hashes:
-            return Check(valid=False, reason="the code under test changed test files while the suite ran",
-                         seconds=time.monotonic() - started)  # fmt: skip
-    seconds = time.monotonic() - started
+            return invalid(reason)
+        applied = snapshot(ws)
+        if applied == clean:
+            return invalid("the diff changes nothing")
+        if problems := change_problems(clean, applied, _allowed(baseline)):
+            return invalid("; ".join(problems[:5]))
+        suite = run_suite(ws, repo, budget)
+        if suite.status == "ok" and (problems := run_problems(applied, snapshot(ws))):
+            return invalid("; ".join(problems[:5]))
     if suite.status != "ok":
-        return Check(valid=False, reason=f"the suite did not run ({suite.status}): {suite.detail}", seconds=seconds)
+        return invalid(f"the suite did not run ({suite.status}): {suite.detail}")
     outcomes = dict(Counter(suite.tests.values()))
     missing, new = set(baseline.tests) - set(suite.tests), set(suite.tests) - set(baseline.tests)
     if missing or new:
         reason = f"the suite collects other tests ({len(missing)} gone, {len(new)} new): sabotage, not a bug"
-        return Check(valid=False, reason=reason, outcomes=outcomes, seconds=seconds)
+        return invalid(reason, outcomes=outcomes)
     passed_before = [test for test, outcome in baseline.tests.items() if outcome == "passed"]
     failing = [test for test in passed_before if suite.tests[test] == "failed"]
     if not failing:
@@ -159,31 +195,67 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str) -> Check:
         reason = "no previously passing test fails"
         if errored:
             reason += f" ({errored} now error in collection or set-up: sabotage, not a bug)"
-        return Check(valid=False, reason=reason, outcomes=outcomes, seconds=seconds)
-    return Check(valid=True, failing_tests=failing, outcomes=outcomes, seconds=seconds)
+        return invalid(reason, outcomes=outcomes)
+    if reason := recheck_failures(sandbox, repo, diff, failing[:RECHECKS], budget):
+        return invalid(reason, outcomes=outcomes)
+    return Check(valid=True, failing_tests=failing, outcomes=outcomes, seconds=time.monotonic() - started)
+
+
+def recheck_failures(sandbox, repo: RepoSpec, diff: str, tests: list[str], budget: float) -> str | None:
+    """Why the ``tests`` a bug fails do not fail again when each runs alone in a fresh process on a
+    fresh checkout with the bug (a verdict forged inside the suite's process, or a failure that
+    needs the rest of the suite); None when each does."""
+    with workspace(sandbox, repo) as ws:
+        if reason := apply_diffs(ws, [diff]):
+            return reason
+        applied = snapshot(ws)
+        for test in tests:
+            alone = run_suite(ws, repo, budget, select=[test])
+            if alone.status != "ok":
+                return f"{test} run alone: the suite did not run ({alone.status}): {alone.detail}"
+            if alone.tests != {test: "failed"}:
+                return f"{test} does not fail when run alone (got {alone.tests or 'nothing'})"
+            if problems := run_problems(applied, snapshot(ws)):
+                return "; ".join(problems[:5])
+    return None
 
 
 def grade_fix(
     sandbox, repo: RepoSpec, baseline: Baseline, bug: str, fix: str
 ) -> tuple[bool | None, str | None, dict[str, Any]]:
     """(solved, reason, diagnostics): solved iff, on a clean checkout with the bug and then the fix
-    applied, every test that passed in the baseline passes again. A fix that touches tests or does
-    not apply is not a solution; None when the suite could not run (ungradable)."""
+    applied, every test that passed in the baseline passes again. The fix is held to the bug's
+    rules: it must apply, change something, only modify source files the suite imports, and the run
+    must leave tests, their configuration and code untouched and report untampered; otherwise it is
+    not solved. None (ungradable) when the suite could not run for a reason of the machine's (a
+    timeout, the sandbox failing)."""
     started = time.monotonic()
-    static = check_diff(fix)
-    if not static.ok:
-        return False, f"fix rejected: {static.reason}", {}
+    allowed = _allowed(baseline)
     with workspace(sandbox, repo) as ws:
-        reason = apply_diffs(ws, [bug, fix])
-        if reason:
+        clean = snapshot(ws)
+        if reason := apply_diffs(ws, [bug]):
+            return None, f"the bug no longer applies: {reason}", {}
+        buggy = snapshot(ws)
+        if problems := change_problems(clean, buggy, allowed):
+            return None, f"the bug breaks the rules for a change: {'; '.join(problems[:5])}", {}
+        if reason := apply_diffs(ws, [fix]):
             return False, f"fix {reason}", {}
-        suite = run_suite(ws, repo)
+        fixed = snapshot(ws)
+        if fixed == buggy:
+            return False, "the fix changes nothing", {}
+        if problems := change_problems(buggy, fixed, allowed):
+            return False, f"fix rejected: {'; '.join(problems[:5])}", {}
+        suite = run_suite(ws, repo, suite_budget(repo, baseline))
+        if suite.status == "ok" and (problems := run_problems(fixed, snapshot(ws))):
+            return False, "; ".join(problems[:5]), {}
     diagnostics = {"seconds": time.monotonic() - started}
+    if suite.status in CHANGE_FAILURES:
+        return False, f"the suite with the fix did not report ({suite.status}): {suite.detail}", diagnostics
     if suite.status != "ok":
         return None, f"the suite did not run ({suite.status})", diagnostics
     passed_before = [test for test, outcome in baseline.tests.items() if outcome == "passed"]
     broken = [test for test in passed_before if suite.tests.get(test) != "passed"]
     diagnostics["still_failing"] = len(broken)
     if broken:
-        return False, f"{len(broken)} baseline-passing tests do not pass", diagnostics
+        return False, f"{len(broken)} baseline-passing tests do not pass (failed, missing or skipped)", diagnostics
     return True, None, diagnostics

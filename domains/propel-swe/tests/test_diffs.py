@@ -1,47 +1,42 @@
-"""Our own diff checks, before anything runs: each kind of diff a bug or a fix must not be."""
+"""The rules for what a change may touch, on snapshots (path -> "MODE HASH"); the hostile diffs that
+reach them through git are in test_hostile.py."""
 
 import pytest
 
-from propel_swe.diffs import check_diff, is_test_path
+from propel_swe.diffs import change_problems, is_test_path, run_problems
+
+CLEAN = {"pkg/core.py": "644 a", "pkg/util.py": "644 b", "README": "644 c", "tests/test_x.py": "644 d"}
 
 
-def patch(path, old="a = 1", new="a = 2", header=""):
-    return f"diff --git a/{path} b/{path}\n{header}--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-{old}\n+{new}\n"
-
-
-def test_a_plain_source_change_passes():
-    check = check_diff(patch("pkg/core.py"))
-    assert check.ok and check.paths == ["pkg/core.py"]
+def test_a_plain_source_edit_passes():
+    assert change_problems(CLEAN, {**CLEAN, "pkg/core.py": "644 z"}, {"pkg/core.py"}) == []
+    assert change_problems(CLEAN, {**CLEAN, "pkg/util.py": "644 z"}, None) == []
 
 
 @pytest.mark.parametrize(
-    ("diff", "problem"),
+    ("after", "problem"),
     [
-        ("", "empty diff"),
-        ("just words\n", "not a unified diff"),
-        (patch("tests/test_core.py"), "touches tests"),
-        (patch("pkg/test_util.py"), "touches tests"),
-        (patch("conftest.py"), "touches tests"),
-        (patch("pyproject.toml"), "touches tests or test configuration"),
-        (patch("setup.cfg"), "touches tests or test configuration"),
-        (patch("tox.ini"), "touches tests or test configuration"),
-        (patch("pkg/sitecustomize.py"), "touches tests or test configuration"),
-        (patch("evil.pth"), "touches tests or test configuration"),
-        (patch("../outside.py"), "leaves the repository"),
-        (patch(".git/config"), "git metadata"),
-        (patch("pkg/core.py", header="old mode 100644\nnew mode 100755\n"), "mode change"),
-        (patch("pkg/core.py", header="new file mode 120000\n"), "symlink"),
-        (patch("vendor/lib", header="index 1234567..89abcde 160000\n"), "submodule"),
-        ("diff --git a/x.bin b/x.bin\nindex 1..2 100644\nGIT binary patch\nliteral 1\n", "binary patch"),
-        ("--- /etc/passwd\n+++ /etc/passwd\n@@ -1 +1 @@\n-a\n+b\n", "absolute path"),
+        ({**CLEAN, "conftest.py": "644 e"}, "creates conftest.py"),
+        ({k: v for k, v in CLEAN.items() if k != "pkg/core.py"}, "deletes pkg/core.py"),
+        ({**CLEAN, "pkg/core.py": "755 a"}, "changes the mode or type of pkg/core.py"),
+        ({**CLEAN, "pkg/core.py": "link ../tests/test_x.py"}, "changes the mode or type of pkg/core.py"),
+        ({**CLEAN, "tests/test_x.py": "644 z"}, "touches tests or test configuration: tests/test_x.py"),
+        ({**CLEAN, "README": "644 z"}, "touches README, not source code the suite imports"),
+        ({**CLEAN, "pkg/util.py": "644 z"}, "touches pkg/util.py, not source code the suite imports"),
     ],
 )
-def test_refused(diff, problem):
-    check = check_diff(diff)
-    assert not check.ok
-    assert problem in check.reason
+def test_refused(after, problem):
+    assert problem in change_problems(CLEAN, after, {"pkg/core.py"})
+
+
+def test_what_a_run_may_not_change():
+    assert run_problems(CLEAN, {**CLEAN, "out.txt": "644 e", "README": "644 f"}) == []
+    for path in ("pkg/__pycache__/core.cpython-312.pyc", "tests/conftest.py", "pkg/core.py", "x.pth", ".pytest.ini"):
+        assert run_problems(CLEAN, {**CLEAN, path: "644 e"}) == [
+            f"the code under test changed {path} while the suite ran"
+        ]
 
 
 def test_test_paths():
-    assert is_test_path("tests/helpers.py") and is_test_path("src/pkg/foo_test.py")
+    assert is_test_path("tests/helpers.py") and is_test_path("src/pkg/foo_test.py") and is_test_path(".pytest.ini")
     assert not is_test_path("src/pkg/testament.py") and not is_test_path("pkg/contest.py")

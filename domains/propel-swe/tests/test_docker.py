@@ -117,7 +117,7 @@ def test_the_domain_in_docker(engine, tiny_repo, tmp_path):
     baseline = domain.baseline(domain.repos["tinystats"])
     assert baseline.keep and baseline.test_count == 7
     payload = {"repo": "tinystats", "diff": BUG, "turns": ["x"]}
-    assert domain.verify(payload).valid and payload["failing_tests"] == ["tests.test_core::test_clamp"]
+    assert domain.verify(payload).valid and payload["failing_tests"] == ["tests/test_core.py::test_clamp"]
     fix = fenced(
         "edit", "tinystats/core.py\n<<<<<<< SEARCH\n    if value > low:\n=======\n    if value > high:\n>>>>>>> REPLACE"
     )

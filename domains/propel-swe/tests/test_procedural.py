@@ -1,11 +1,10 @@
 """The procedural generator's mutations, on source text (no sandbox)."""
 
 import ast
-import random
 
 import pytest
 
-from propel_swe.procedural import MUTATIONS, mutate, procedural_bug, sites, source_files
+from propel_swe.procedural import MUTATIONS, Mutants, mutate, sites, source_files
 
 SOURCE = '''\
 def pick(items, limit, strict=True):
@@ -36,12 +35,30 @@ def test_drop_return_branch_removes_the_guard():
 
 
 def test_a_bug_is_a_unified_diff_of_one_file():
-    description, diff = procedural_bug({"pkg/pick.py": SOURCE}, random.Random(3))
+    description, diff = Mutants({"pkg/pick.py": SOURCE}, 3).get(0)
     assert description.split(" at ")[1].startswith("pkg/pick.py:")
     assert diff.startswith("--- a/pkg/pick.py\n+++ b/pkg/pick.py\n@@")
-    again = procedural_bug({"pkg/pick.py": SOURCE}, random.Random(3))
-    assert again == (description, diff)  # seeded
+    assert Mutants({"pkg/pick.py": SOURCE}, 3).get(0) == (description, diff)  # seeded
+
+
+def test_mutants_are_distinct_and_the_same_whatever_is_asked_first():
+    files = {"pkg/pick.py": SOURCE, "pkg/other.py": SOURCE.replace("pick", "other")}
+    mutants = Mutants(files, 7)
+    count = mutants.count()
+    diffs = [diff for _, diff in mutants.made]
+    assert count == len(set(diffs)) == 14  # 7 sites a file
+    backwards = Mutants(files, 7)
+    assert [backwards.get(i) for i in reversed(range(count))][::-1] == mutants.made
+    assert backwards.get(count) is None  # past the last one: none, never a repeat
+    other = Mutants(files, 8)
+    assert other.count() == count and other.made != mutants.made and set(other.made) == set(mutants.made)
+    first_kinds = {description.split(" at ")[0] for description, _ in mutants.made[:8]}
+    assert len(first_kinds) >= 3  # kinds drawn first: argument swaps do not crowd out the rest
 
 
 def test_only_code_under_test_is_mutated():
-    assert source_files(["pkg/a.py", "tests/test_a.py", "conftest.py", "setup.py", "README.md"]) == ["pkg/a.py"]
+    listed = ["pkg/a.py", "pkg/b.py", "tests/test_a.py", "conftest.py", "setup.py", "README.md", "docs/conf.py",
+              "examples/demo.py", "versioneer.py", "pkg/_version.py", "six.py"]  # fmt: skip
+    assert source_files(listed) == ["pkg/a.py", "pkg/b.py", "pkg/_version.py", "six.py"]
+    imported = ["pkg/a.py", "tests/test_a.py", "docs/conf.py", "elsewhere.py"]  # what preflight saw imported
+    assert source_files(listed, imported) == ["pkg/a.py", "docs/conf.py"]

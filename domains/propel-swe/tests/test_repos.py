@@ -35,7 +35,7 @@ def test_registry_with_splits_and_relative_paths(tmp_path):
         ({"repos": [{"name": "a", "image": "i"}], "splits": {"x": ["b"]}}, "unknown repositories: b"),
         ({"repos": [{"name": "a"}]}, "needs a path"),
         ({"repos": [{"name": "a", "image": "i"}, {"name": "a", "image": "j"}]}, "repeated: a"),
-        ({"repos": [{"name": "a", "image": "i", "parser": "tap"}]}, "junit"),
+        ({"repos": [{"name": "a", "image": "i", "parser": "tap"}]}, "pytest"),
     ],
 )
 def test_bad_registries(tmp_path, data, message):

@@ -9,7 +9,7 @@ def test_preflight_keeps_six(six_domain):
     baseline = six_domain.baseline(six_domain.repos["six"])
     assert baseline.keep, baseline.reasons
     assert baseline.test_count > 150 and baseline.failures == 0
-    assert list(baseline.test_hashes) == ["setup.cfg", "test_six.py"]  # test configuration counts too
+    assert baseline.imported_files == ["six.py"]  # what the procedural generator may mutate
 
 
 def test_procedural_bugs_on_six_are_verified_and_a_revert_solves_one(six_domain):

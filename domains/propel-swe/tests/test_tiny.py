@@ -15,10 +15,11 @@ NO_OP_BUG = BUG.replace("+    if value > low:", "+    if high < value:")
 TEST_EDIT = """\
 --- a/tests/test_core.py
 +++ b/tests/test_core.py
-@@ -5,2 +5,2 @@
+@@ -6,2 +6,2 @@
  def test_mean():
 -    assert mean([1, 2, 3, 4]) == 2.5
 +    assert mean([1, 2, 3, 4]) == 3
+\x20
 """
 SYNTAX_ERROR = BUG.replace("+    if value > low:", "+    if value >>= high:")
 STALE = BUG.replace("     if value < low:", "     if value <= low:")
@@ -28,8 +29,8 @@ def test_preflight(tiny_domain):
     baseline = tiny_domain.baseline(tiny_domain.repos["tinystats"])
     assert baseline.status == "ok" and baseline.keep
     assert baseline.test_count == 7 and baseline.failures == 0
-    assert baseline.tests["tests.test_core::test_clamp"] == "passed"
-    assert set(baseline.test_hashes) == {"tests/test_core.py"}
+    assert baseline.tests["tests/test_core.py::test_clamp"] == "passed"
+    assert baseline.imported_files == ["tinystats/__init__.py", "tinystats/core.py"]
     assert [c.id for c in tiny_domain.contexts()] == ["tinystats"]
 
 
@@ -41,7 +42,7 @@ def verify(domain, diff):
 def test_a_real_bug_is_valid_and_its_failing_tests_recorded(tiny_domain):
     validity, payload = verify(tiny_domain, BUG)
     assert validity.valid, validity.reason
-    assert payload["failing_tests"] == ["tests.test_core::test_clamp"]
+    assert payload["failing_tests"] == ["tests/test_core.py::test_clamp"]
     assert payload["verification"]["outcomes"] == {"passed": 6, "failed": 1}
 
 
@@ -49,7 +50,7 @@ def test_a_real_bug_is_valid_and_its_failing_tests_recorded(tiny_domain):
     ("diff", "reason"),
     [
         (TEST_EDIT, "touches tests"),
-        (BUG.replace("tinystats/core.py", "../core.py"), "leaves the repository"),
+        (BUG.replace("tinystats/core.py", "../core.py"), "does not apply"),
         (STALE, "does not apply"),
         (NO_OP_BUG, "no previously passing test fails"),
         (SYNTAX_ERROR, "(7 gone, 1 new): sabotage"),
@@ -61,7 +62,7 @@ def test_the_verifier_refuses(tiny_domain, diff, reason):
 
 
 def test_a_solver_that_reverts_the_bug_solves_it(tiny_domain):
-    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": ["tests.test_core::test_clamp"]}
+    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": ["tests/test_core.py::test_clamp"]}
     reply = scripted(
         fenced("bash", "git log --oneline; git status --short"),
         fenced("show", "tinystats/core.py 16 21"),
@@ -127,7 +128,7 @@ def test_scripted_bug_writer_end_to_end(tiny_domain):
     assert task.validity.valid, task.validity.reason
     assert task.text == [turn["assistant"] for turn in trajectory["turns"]]
     assert task.topic == "tinystats:tinystats/core.py"
-    assert task.payload["failing_tests"] == ["tests.test_core::test_clamp"]
+    assert task.payload["failing_tests"] == ["tests/test_core.py::test_clamp"]
 
 
 def test_stop_reasons(tiny_domain):

@@ -1,0 +1,87 @@
+"""The harness's side of a suite run: reading the plugin's lines back (``pytest_report``) and
+snapshots of the checkout taken by a process that runs none of the repository's code.
+
+Every verdict reads test outcomes from the plugin's pipe, never from files the code under test can
+write, and compares snapshots to see what a diff changed and what a run of the suite changed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MARK = "PROPEL-REPORT"
+OUTCOMES = ("passed", "failed", "error", "skipped")
+PLUGIN = (Path(__file__).parent / "pytest_report.py").read_bytes()
+
+#: Run as ``python -I -S``: the standard library only, no site, no environment, the checkout not on
+#: the path. Writes {path: "MODE SHA1" | "link TARGET" | "special"} for everything but ``.git``.
+SNAPSHOT = r"""
+import hashlib, json, os, stat, sys
+found = {}
+for parent, dirs, names in os.walk("."):
+    if parent == ".":
+        dirs[:] = [d for d in dirs if d != ".git"]
+    for name in names + [d for d in dirs if os.path.islink(os.path.join(parent, d))]:
+        path = os.path.join(parent, name)[2:]
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            found[path] = "link " + os.readlink(path)
+        elif stat.S_ISREG(info.st_mode):
+            digest = hashlib.sha1()
+            with open(path, "rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+            found[path] = "%o %s" % (stat.S_IMODE(info.st_mode), digest.hexdigest())
+        else:
+            found[path] = "special"
+with open(sys.argv[1], "w") as out:
+    json.dump(found, out)
+"""
+
+
+@dataclass
+class Report:
+    tests: dict[str, str] = field(default_factory=dict)
+    imported: list[str] = field(default_factory=list)
+    problem: str | None = None
+
+
+def read_report(stdout: str, key: str) -> Report:
+    """The outcomes the plugin reported under ``key``; ``problem`` says why they cannot be trusted:
+    no plugin lines, a line under another key or unreadable, a test reported twice, anything before
+    the start or after the end, or no end (the run died or was cut short)."""
+    report, events = Report(), []
+    for number, line in enumerate(stdout.splitlines()):
+        if not line.startswith(MARK):
+            continue
+        parts = line.split(" ", 2)
+        if len(parts) != 3 or parts[1] != key:
+            return Report(problem=f"report line {number + 1} is not under this run's key: forged")
+        try:
+            event = json.loads(parts[2])
+        except ValueError:
+            return Report(problem=f"report line {number + 1} is not JSON: forged")
+        if not isinstance(event, dict):
+            return Report(problem=f"report line {number + 1} is not an event: forged")
+        events.append(event)
+    if not events:
+        return Report(problem="the suite ran without the report plugin (is the test command pytest?)")
+    kinds = [event.get("event") for event in events]
+    if kinds[0] != "start" or kinds.count("start") != 1:
+        return Report(problem="the report does not open with exactly one start: forged")
+    if "end" not in kinds:
+        return Report(problem="the report has no end: the run died or was cut short")
+    if kinds.count("end") != 1 or kinds[-1] != "end":
+        return Report(problem="report lines after the end: forged")
+    for event in events[1:-1]:
+        test, outcome = event.get("id"), event.get("outcome")
+        if event.get("event") != "test" or not isinstance(test, str) or outcome not in OUTCOMES:
+            return Report(problem=f"an unknown report event {str(event)[:100]}: forged")
+        if test in report.tests:
+            return Report(problem=f"{test} reported twice: forged")
+        report.tests[test] = outcome
+    imported = events[-1].get("imported")
+    report.imported = [path for path in imported if isinstance(path, str)] if isinstance(imported, list) else []
+    return report
