@@ -276,7 +276,7 @@ class LocalSandbox:
             stderr=stderr.decode(errors="replace"),
             duration=time.monotonic() - started,
         )
-        result.status, result.detail = self._classify(result, stopped, started_ok)
+        result.status, result.detail = self._classify(result, stopped, started_ok, read_result)
         if result.status == "ok" and read_result:
             result.status, result.result, result.detail = self._read_result(cell.folder)
         if result.status != "sandbox_error" and (full := cell.exhausted()):
@@ -320,7 +320,13 @@ class LocalSandbox:
             text = status.read().decode(errors="replace")
         return not self.isolated or '"child-pid"' in text
 
-    def _classify(self, result: SandboxResult, stopped: str | None, started_ok: bool) -> tuple[str, str | None]:
+    def _classify(
+        self, result: SandboxResult, stopped: str | None, started_ok: bool, program: bool
+    ) -> tuple[str, str | None]:
+        """The status of a run. For a ``program`` (``run_python``) an exit by signal means the limit
+        behind it; a command's exit code is whatever the code it ran chose (``exit 152`` is not a CPU
+        limit), so only what the harness itself saw (its deadline, the output cap) is more than an
+        error there."""
         if not started_ok:
             return "sandbox_error", result.stderr.strip()[-500:] or "bubblewrap did not start the program"
         if stopped == "timeout":
@@ -330,6 +336,8 @@ class LocalSandbox:
         code = result.returncode
         if code == 0:
             return "ok", None
+        if not program:
+            return "error", f"exit {code}"
         if "MemoryError" in result.stderr[-2000:]:
             return "oom", f"memory limit of {self.memory_bytes >> 20} MiB"
         signal_number = -code if code < 0 else code - 128 if code > 128 else None
@@ -553,14 +561,13 @@ class Workspace:
         return self.sandbox.run_command(command, binds, self.workdir, self._cell, time_limit)
 
     def read(self, path: str, limit: int = 16 << 20) -> bytes:
-        fd = _open_no_symlink(self._host(path), os.O_RDONLY, path)
+        fd = _open_regular(self._host(path), os.O_RDONLY, path)
         with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise PropelError(f"{path} is not a regular file")
             return handle.read(limit)
 
     def write(self, path: str, data: bytes) -> None:
-        fd = _open_no_symlink(self._host(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, path)
+        fd = _open_regular(self._host(path), os.O_WRONLY | os.O_CREAT, path)
+        os.ftruncate(fd, 0)
         os.fchown(fd, self._cell.uid, self._cell.uid)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -599,13 +606,22 @@ def _footprint(source: Path) -> tuple[int, int]:
     return size, files
 
 
-def _open_no_symlink(host: str, flags: int, path: str) -> int:
+def _open_regular(host: str, flags: int, path: str) -> int:
+    """A descriptor of the regular file at ``host``, opened without following a symbolic link and
+    without blocking (a FIFO the sandbox left there must not hang the harness), then made blocking."""
     try:
-        return os.open(host, flags | os.O_NOFOLLOW, 0o644)
+        fd = os.open(host, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise PropelError(f"{path} is a symbolic link") from None
+        if exc.errno == errno.ENXIO:
+            raise PropelError(f"{path} is not a regular file") from None
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PropelError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def _python_in_mount() -> str:

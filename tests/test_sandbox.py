@@ -102,9 +102,14 @@ def test_repository_commands_use_python_env_even_under_tmp(tmp_path):
     with sandbox.workspace(checkout) as ws:
         result = ws.run("python -c 'import sys; print(sys.prefix)'; pwd; touch /tmp/x && echo tmp-writable")
         assert result.stdout.split() == [str(env), "/testbed", "tmp-writable"]
-        ws.run("ln -s /etc/passwd leak")
+        ws.run("ln -s /etc/passwd leak; mkfifo pipe /propel-out/pipe")
         with pytest.raises(PropelError, match="leak is a symbolic link"):
             ws.read("leak")
+        for path in ("pipe", "/propel-out/pipe"):  # a FIFO would block the harness forever
+            with pytest.raises(PropelError, match="is not a regular file"):
+                ws.read(path)
+            with pytest.raises(PropelError, match="is not a regular file"):
+                ws.write(path, b"x")
     with pytest.raises(PropelError, match="has no bin/python"):
         LocalSandbox(python_env=str(tmp_path))
 

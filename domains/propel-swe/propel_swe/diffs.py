@@ -15,9 +15,10 @@ from pathlib import PurePosixPath
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 RUNNER_FILES = frozenset(
     {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py",
-     "sitecustomize.py", "usercustomize.py", ".coveragerc", "pytest.py"}
+     "sitecustomize.py", "usercustomize.py", ".coveragerc", "pytest.py", "pytest.toml", ".pytest.toml"}
 )  # fmt: skip
 CODE_SUFFIXES = (".py", ".pyc", ".pyi", ".pth", ".so")
+KINDS = ("dir", "link", "special", "unreadable")  # snapshot entries that are not a regular file's
 
 
 def is_test_path(path: str) -> bool:
@@ -47,7 +48,7 @@ def change_problems(before: dict[str, str], after: dict[str, str], allowed: set[
             problems.append(f"creates {path}")
         elif new is None:
             problems.append(f"deletes {path}")
-        elif old.split()[0] != new.split()[0] or old.startswith(("link", "special")):
+        elif _kind(old) != _kind(new) or _kind(old) in KINDS or _kind(new) in KINDS:
             problems.append(f"changes the mode or type of {path}")
         elif is_test_path(path):
             problems.append(f"touches tests or test configuration: {path}")
@@ -57,6 +58,23 @@ def change_problems(before: dict[str, str], after: dict[str, str], allowed: set[
 
 
 def run_problems(before: dict[str, str], after: dict[str, str]) -> list[str]:
-    """Tests, test configuration or code that a run of the suite changed, created or deleted."""
-    return [f"the code under test changed {path} while the suite ran" for path in changed(before, after)
-            if is_test_path(path) or path.endswith(CODE_SUFFIXES)]  # fmt: skip
+    """What a run of the suite left changed that later tests or runs would read: code and runner
+    configuration anywhere (created, changed or deleted), existing test files, and anything it made
+    unreadable to the snapshot. New data files (in test folders too) are the suite's own business."""
+    problems = []
+    for path in changed(before, after):
+        if after.get(path) == "unreadable":
+            problems.append(f"the code under test left {path} unreadable")
+        elif "dir" in (_kind(before.get(path)), _kind(after.get(path))):
+            continue  # a folder: the files in it are listed on their own
+        elif (
+            path.endswith(CODE_SUFFIXES)
+            or PurePosixPath(path).name in RUNNER_FILES
+            or (path in before and is_test_path(path))
+        ):
+            problems.append(f"the code under test changed {path} while the suite ran")
+    return problems
+
+
+def _kind(entry: str | None) -> str:
+    return (entry or "").split(" ", 1)[0]

@@ -16,26 +16,34 @@ OUTCOMES = ("passed", "failed", "error", "skipped")
 PLUGIN = (Path(__file__).parent / "pytest_report.py").read_bytes()
 
 #: Run as ``python -I -S``: the standard library only, no site, no environment, the checkout not on
-#: the path. Writes {path: "MODE SHA1" | "link TARGET" | "special"} for everything but ``.git``.
+#: the path. Writes {path: "MODE SHA1" | "dir MODE" | "link TARGET" | "special" | "unreadable"} for
+#: everything but ``.git``; what it cannot list or read is there as "unreadable", never skipped.
 SNAPSHOT = r"""
 import hashlib, json, os, stat, sys
 found = {}
-for parent, dirs, names in os.walk("."):
+def unreadable(error):
+    found[os.path.relpath(error.filename)] = "unreadable"
+for parent, dirs, names in os.walk(".", onerror=unreadable):
     if parent == ".":
         dirs[:] = [d for d in dirs if d != ".git"]
-    for name in names + [d for d in dirs if os.path.islink(os.path.join(parent, d))]:
+    for name in names + dirs:
         path = os.path.join(parent, name)[2:]
-        info = os.lstat(path)
-        if stat.S_ISLNK(info.st_mode):
-            found[path] = "link " + os.readlink(path)
-        elif stat.S_ISREG(info.st_mode):
-            digest = hashlib.sha1()
-            with open(path, "rb") as handle:
-                for chunk in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(chunk)
-            found[path] = "%o %s" % (stat.S_IMODE(info.st_mode), digest.hexdigest())
-        else:
-            found[path] = "special"
+        try:
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                found[path] = "link " + os.readlink(path)
+            elif stat.S_ISDIR(info.st_mode):
+                found[path] = "dir %o" % stat.S_IMODE(info.st_mode)
+            elif stat.S_ISREG(info.st_mode):
+                digest = hashlib.sha1()
+                with open(path, "rb") as handle:
+                    for chunk in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(chunk)
+                found[path] = "%o %s" % (stat.S_IMODE(info.st_mode), digest.hexdigest())
+            else:
+                found[path] = "special"
+        except OSError:
+            found[path] = "unreadable"
 with open(sys.argv[1], "w") as out:
     json.dump(found, out)
 """

@@ -26,10 +26,8 @@ from propel_swe.report import PLUGIN, SNAPSHOT, read_report
 from propel_swe.repos import RepoSpec
 
 MAX_BASELINE_FAILURES = 1  # paper 13.1
-RECHECKS = 3  # failing tests of a bug run again, each alone in a fresh process
+RECHECKS = 3  # failing tests of a bug run again, each alone in a fresh process on a fresh checkout
 MIN_SUITE_SECONDS, SUITE_BUDGET_FACTOR = 30.0, 10.0  # a verification's budget from the preflight's duration
-#: statuses of a suite run that the change under test caused; any other failure is the machine's
-CHANGE_FAILURES = ("tampered", "no_report", "disk_limit", "output_limit", "oom", "crashed")
 
 
 class SuiteRun(BaseModel):
@@ -118,6 +116,18 @@ def snapshot(ws) -> dict[str, str]:
     return json.loads(ws.read(out, limit=256 << 20))
 
 
+def checked_run(ws, repo: RepoSpec, time_limit: float, before: dict[str, str], select: list[str] | None = None):
+    """``run_suite``, then what the run left changed since snapshot ``before`` that it may not
+    (``diffs.run_problems``; a checkout the snapshot cannot list is a problem too)."""
+    suite = run_suite(ws, repo, time_limit, select)
+    if suite.status != "ok":
+        return suite, []
+    try:
+        return suite, run_problems(before, snapshot(ws))
+    except PropelError as exc:
+        return suite, [f"the checkout cannot be listed after the run: {exc}"]
+
+
 def preflight(sandbox, repo: RepoSpec) -> Baseline:
     """Run the suite once on the clean checkout: status, test count, duration, failures, per-test,
     and which of its files the suite imports."""
@@ -178,8 +188,8 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str) -> Check:
             return invalid("the diff changes nothing")
         if problems := change_problems(clean, applied, _allowed(baseline)):
             return invalid("; ".join(problems[:5]))
-        suite = run_suite(ws, repo, budget)
-        if suite.status == "ok" and (problems := run_problems(applied, snapshot(ws))):
+        suite, problems = checked_run(ws, repo, budget, applied)
+        if problems:
             return invalid("; ".join(problems[:5]))
     if suite.status != "ok":
         return invalid(f"the suite did not run ({suite.status}): {suite.detail}")
@@ -203,20 +213,20 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str) -> Check:
 
 def recheck_failures(sandbox, repo: RepoSpec, diff: str, tests: list[str], budget: float) -> str | None:
     """Why the ``tests`` a bug fails do not fail again when each runs alone in a fresh process on a
-    fresh checkout with the bug (a verdict forged inside the suite's process, or a failure that
-    needs the rest of the suite); None when each does."""
-    with workspace(sandbox, repo) as ws:
-        if reason := apply_diffs(ws, [diff]):
-            return reason
-        applied = snapshot(ws)
-        for test in tests:
-            alone = run_suite(ws, repo, budget, select=[test])
-            if alone.status != "ok":
-                return f"{test} run alone: the suite did not run ({alone.status}): {alone.detail}"
-            if alone.tests != {test: "failed"}:
-                return f"{test} does not fail when run alone (got {alone.tests or 'nothing'})"
-            if problems := run_problems(applied, snapshot(ws)):
-                return "; ".join(problems[:5])
+    fresh checkout with the bug (a failure that needs the rest of the suite, or a verdict forged in
+    the suite's process); None when each does. A checkout per test: nothing one run leaves behind
+    (a configuration file, a package's metadata) reaches the next."""
+    for test in tests:
+        with workspace(sandbox, repo) as ws:
+            if reason := apply_diffs(ws, [diff]):
+                return reason
+            alone, problems = checked_run(ws, repo, budget, snapshot(ws), select=[test])
+        if alone.status != "ok":
+            return f"{test} run alone: the suite did not run ({alone.status}): {alone.detail}"
+        if problems:
+            return "; ".join(problems[:5])
+        if alone.tests != {test: "failed"}:
+            return f"{test} does not fail when run alone (got {alone.tests or 'nothing'})"
     return None
 
 
@@ -226,9 +236,9 @@ def grade_fix(
     """(solved, reason, diagnostics): solved iff, on a clean checkout with the bug and then the fix
     applied, every test that passed in the baseline passes again. The fix is held to the bug's
     rules: it must apply, change something, only modify source files the suite imports, and the run
-    must leave tests, their configuration and code untouched and report untampered; otherwise it is
-    not solved. None (ungradable) when the suite could not run for a reason of the machine's (a
-    timeout, the sandbox failing)."""
+    must leave tests, their configuration and code untouched and report untampered within the
+    budget the bug alone ran in; otherwise it is not solved. None (ungradable) only when the sandbox
+    itself failed."""
     started = time.monotonic()
     allowed = _allowed(baseline)
     with workspace(sandbox, repo) as ws:
@@ -245,14 +255,14 @@ def grade_fix(
             return False, "the fix changes nothing", {}
         if problems := change_problems(buggy, fixed, allowed):
             return False, f"fix rejected: {'; '.join(problems[:5])}", {}
-        suite = run_suite(ws, repo, suite_budget(repo, baseline))
-        if suite.status == "ok" and (problems := run_problems(fixed, snapshot(ws))):
+        suite, problems = checked_run(ws, repo, suite_budget(repo, baseline), fixed)
+        if problems:
             return False, "; ".join(problems[:5]), {}
     diagnostics = {"seconds": time.monotonic() - started}
-    if suite.status in CHANGE_FAILURES:
+    if suite.status == "sandbox_error":
+        return None, f"the suite did not run ({suite.status}): {suite.detail}", diagnostics
+    if suite.status != "ok":  # the bug alone ran and reported within budget: the fix did this
         return False, f"the suite with the fix did not report ({suite.status}): {suite.detail}", diagnostics
-    if suite.status != "ok":
-        return None, f"the suite did not run ({suite.status})", diagnostics
     passed_before = [test for test, outcome in baseline.tests.items() if outcome == "passed"]
     broken = [test for test in passed_before if suite.tests.get(test) != "passed"]
     diagnostics["still_failing"] = len(broken)

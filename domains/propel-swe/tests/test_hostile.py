@@ -7,6 +7,7 @@ tampering with files while the suite runs, or by forging the report. Each must b
 """
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,27 @@ FILL_THE_DISK = (
     "        open(_os.path.join(_os.path.dirname(__file__), 'blob%d' % _i), 'wb').write(b'0' * (8 << 20))\n"
     "    except OSError:\n        break\n"
 )
+IN_PYTEST = "import os as _os, sys as _sys\nif 'pytest' in _sys.modules:\n"
+FIFO_LOG = IN_PYTEST + (
+    "    _d = [p for p in _os.environ['PYTHONPATH'].split(':') if 'run-' in p][0]\n"
+    "    _os.unlink(_d + '/suite.log')\n    _os.mkfifo(_d + '/suite.log')\n    _os._exit(1)\n"
+)
+NEXT_RUN_CONFIG = (
+    IN_PYTEST + "    open('/testbed/pytest.toml', 'w').write('[pytest]\\naddopts = [\"-k\", \"clamp\"]\\n')\n"
+)
+UNREADABLE = IN_PYTEST + "    open('/testbed/junk.txt', 'w').write('x')\n    _os.chmod('/testbed/junk.txt', 0)\n"
+GITLINK = (
+    "diff --git a/numpy b/numpy\nnew file mode 160000\nindex 0000000..1234567\n--- /dev/null\n+++ b/numpy\n"
+    "@@ -0,0 +1 @@\n+Subproject commit 1234567890123456789012345678901234567890\n"
+)
 RUN_BUGS = {
+    "fifo_in_place_of_the_log": (edit_init(FIFO_LOG + ORDER_DEPENDENT), "no end"),
+    "writes_pytest_toml_for_the_next_run": (edit_init(NEXT_RUN_CONFIG + ORDER_DEPENDENT), "changed pytest.toml"),
+    "leaves_an_unreadable_file": (edit_init(UNREADABLE + ORDER_DEPENDENT), "left junk.txt unreadable"),
+    "gitlink_beside_a_real_bug": (
+        GITLINK + "diff --git a/tinystats/core.py b/tinystats/core.py\n" + BUG,
+        "creates numpy",
+    ),
     "fails_only_after_other_tests": (edit_init(ORDER_DEPENDENT), "does not fail when run alone"),
     "fills_the_disk": (edit_init(FILL_THE_DISK + ORDER_DEPENDENT), "disk_limit"),
     "writes_a_conftest_while_the_suite_runs": (edit_init(WRITE_CONFTEST), "changed tests/conftest.py"),
@@ -114,6 +135,20 @@ RUN_BUGS = {
     "printed_report_lines": (edit_init(PRINTED), "no previously passing test fails"),
     "kills_the_runner": (edit_init(DIES), "no end"),
 }
+
+
+@pytest.fixture(autouse=True)
+def deadline():
+    """A verdict that hangs (a FIFO the harness would block on) fails the test instead of the run."""
+
+    def expired(*_):
+        raise TimeoutError("the verdict did not come within 240 s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(240)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.parametrize("name", sorted(PATH_BUGS) + sorted(RUN_BUGS))
@@ -149,6 +184,12 @@ HOSTILE_FIXES = {
     "skips_every_test": edit_init(SKIP_EVERYTHING),
     "kills_the_runner": edit_init(DIES),
     "fills_the_disk": edit_init(FILL_THE_DISK),
+    "fifo_in_place_of_the_log": edit_init(FIFO_LOG),
+    "exit_code_that_reads_as_a_cpu_limit": edit_init(IN_PYTEST + "    _os._exit(152)\n"),
+    "sends_itself_the_cpu_limit_signal": edit_init(
+        IN_PYTEST + "    import signal\n    _os.kill(_os.getpid(), signal.SIGXCPU)\n"
+    ),
+    "leaves_an_unreadable_file": edit_init(UNREADABLE),
 }
 
 
