@@ -248,6 +248,7 @@ class LocalSandbox:
         status_read, status_write = os.pipe()
         if self.isolated:
             command = [command[0], "--json-status-fd", str(status_write), *command[1:]]
+        cell.reaped = False
         try:
             process = subprocess.Popen(
                 command,
@@ -407,6 +408,7 @@ class Cell:
         self.folder.mkdir()
         self.isolated = sandbox.isolated
         self._lock, self._mounted = None, False
+        self.reaped = True  # no process has run as its uid yet (a run sets it False until reaped)
         if not self.isolated:
             self.uid = os.getuid()
             return
@@ -434,7 +436,7 @@ class Cell:
 
     def reap(self) -> bool:
         """Kill every process of the uid until none is left (zombies aside); False if some survive."""
-        if not self.isolated:
+        if not self.isolated or self.reaped:
             return True
         deadline = time.monotonic() + 5.0
         while pids := _processes_of(self.uid):
@@ -445,6 +447,7 @@ class Cell:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.005)
+        self.reaped = True
         return True
 
     def close(self) -> None:
