@@ -23,6 +23,10 @@ def register_model_backends(register):
 class TransformersBackend:
     """Loads a causal LM (hub id, local folder, or the embedded default) and runs it in-process."""
 
+    #: rows of one call with the same prompt share one prompt pass where the model allows it (False:
+    #: each row runs its own, the old way, kept for benchmarks/label.py and the tests that compare)
+    _share_prefill = True
+
     def __init__(self, model: ModelConfig):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -61,8 +65,6 @@ class TransformersBackend:
         """``n`` completions per prompt. Sampled rows each draw from their own random stream, seeded
         ``seed[i] + r`` for completion ``r`` of prompt ``i`` (an int seeds every prompt alike), so a
         completion does not depend on the other prompts in the batch."""
-        import torch
-
         do_sample = sampling.temperature > 0
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
@@ -70,30 +72,63 @@ class TransformersBackend:
         copies = n if do_sample else 1  # greedy: the n completions are the same one
         texts = [self.prompt_text(p) for p in prompts for _ in range(copies)]
         row_seeds = [None if s is None else s + r for s in seeds for r in range(copies)]
-        self.tokenizer.padding_side = "left"  # generation continues from the right edge
         completions: list[str] = []
         rows_per_call = self.config.batch_size * copies
         for start in range(0, len(texts), rows_per_call):
-            batch = self.tokenizer(
-                texts[start : start + rows_per_call],
-                return_tensors="pt",
-                padding=True,
-                add_special_tokens=not self.config.chat_template,
-            ).to(self.device)
             # sampled rows are drawn by RowSampler (Gumbel-max), so the greedy step picks them
             processors = [RowSampler(sampling, row_seeds[start : start + rows_per_call])] if do_sample else []
-            with torch.inference_mode():
-                out = self.model.generate(
-                    **batch,
-                    do_sample=False,
-                    max_new_tokens=sampling.max_new_tokens,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    logits_processor=processors,
-                )
-            completions += self.tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+            completions += self._generate_rows(texts[start : start + rows_per_call], sampling, processors)
         if not do_sample:
             return [[text] * n for text in completions]
         return [completions[i : i + n] for i in range(0, len(completions), n)]
+
+    def _generate_rows(self, texts: list[str], sampling: Sampling, processors: list) -> list[str]:
+        """One completion per row of ``texts``, in one ``generate`` call. Rows with the same prompt (the
+        K attempts at a task) share its prompt pass: each distinct prompt runs once, all but its last
+        token, and its KV cache is copied to its rows, which then run the last prompt token and decode
+        as before (vLLM's prefix caching, for whole prompts)."""
+        import torch
+        from transformers import DynamicCache
+
+        number = {text: i for i, text in enumerate(dict.fromkeys(texts))}  # distinct prompts, in order
+        self.tokenizer.padding_side = "left"  # generation continues from the right edge
+        batch = self.tokenizer(
+            list(number), return_tensors="pt", padding=True, add_special_tokens=not self.config.chat_template
+        )
+        ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
+        rows = torch.tensor([number[text] for text in texts], device=self.device)
+        options = {}
+        with torch.inference_mode():
+            if len(number) < len(texts) and ids.shape[1] > 1 and self._prefill_can_be_shared():
+                cache = DynamicCache(config=self.model.config)
+                positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate numbers them
+                prompt = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+                self.model.base_model(
+                    **{k: v[:, :-1] for k, v in prompt.items()}, past_key_values=cache, use_cache=True
+                )
+                cache.batch_select_indices(rows)
+                options["past_key_values"] = cache  # generate runs only the uncached last token
+            out = self.model.generate(
+                input_ids=ids[rows],
+                attention_mask=mask[rows],
+                do_sample=False,
+                max_new_tokens=sampling.max_new_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+                logits_processor=processors,
+                **options,
+            )
+        return self.tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+
+    def _prefill_can_be_shared(self) -> bool:
+        """Whether rows may continue from a copied ``DynamicCache``: not for a model whose generation
+        config names another cache, nor for one transformers does not give a dynamic cache (xlnet,
+        rwkv, ...)."""
+        model = self.model
+        return (
+            self._share_prefill
+            and getattr(model.generation_config, "cache_implementation", None) is None
+            and getattr(model, "_supports_default_dynamic_cache", lambda: False)()
+        )
 
     # -- hidden states ------------------------------------------------------------------------------
 

@@ -56,6 +56,39 @@ def test_greedy_when_temperature_zero(embedded_backend):
     assert one[0][0] == one[0][1] == two[0][0]
 
 
+def test_attempts_at_one_prompt_share_its_prompt_pass(embedded_backend, monkeypatch):
+    """K rows of one prompt (n=K, or the same prompt K times as batched turns send it) run the prompt
+    once, and (in float32) sample exactly what K separate prompt passes sample: the same seeds give the
+    same texts."""
+    sampling = Sampling(temperature=0.8, top_p=0.95, top_k=20, max_new_tokens=8)
+    prompts = ["Name a color.", "Count to three, slowly please."]
+    passes = []
+    hook = embedded_backend.model.base_model.register_forward_hook(
+        lambda _module, _args, kwargs, _out: passes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        shared = embedded_backend.generate(prompts, sampling, n=3, seed=[5, 40])
+    finally:
+        hook.remove()
+    length = embedded_backend.tokenizer([embedded_backend.prompt_text(prompts[1])], return_tensors="pt")
+    assert passes[0] == (2, length["input_ids"].shape[1] - 1)  # the distinct prompts, all but the last token
+    assert passes[1] == (6, 1) and all(shape == (6, 1) for shape in passes[1:])  # then per row, one token at a time
+    as_turns = embedded_backend.generate([prompts[0]] * 3 + [prompts[1]] * 3, sampling, seed=[5, 6, 7, 40, 41, 42])
+    assert [text for (text,) in as_turns] == shared[0] + shared[1]
+    assert embedded_backend.generate(prompts[1:], sampling, n=3, seed=[40]) == shared[1:]  # alone, the same
+    monkeypatch.setattr(embedded_backend, "_share_prefill", False)  # every row runs its own prompt pass
+    assert embedded_backend.generate(prompts, sampling, n=3, seed=[5, 40]) == shared
+
+
+def test_greedy_rows_of_one_prompt_share_its_prompt_pass(embedded_backend, monkeypatch):
+    greedy = Sampling(temperature=0.0, max_new_tokens=8)
+    prompts = ["What is 2+2?", "Name a color.", "What is 2+2?"]
+    shared = embedded_backend.generate(prompts, greedy, n=2)
+    assert shared[0] == shared[2] == [embedded_backend.generate(prompts[:1], greedy)[0][0]] * 2
+    monkeypatch.setattr(embedded_backend, "_share_prefill", False)
+    assert embedded_backend.generate(prompts, greedy, n=2) == shared
+
+
 def test_hidden_states_match_full_forward(embedded_backend):
     texts = ["A longer task statement with several more tokens in it.", "Short one."]
     states = embedded_backend.hidden_states(texts, [0, 5, 11], max_length=64)
