@@ -158,6 +158,15 @@ class ProbeConfig(Section):
     )
     calibrate: bool = False
 
+    @model_validator(mode="after")
+    def _each_once(self) -> ProbeConfig:
+        for name in ("layers", "poolings", "architectures", "balance", "seeds"):
+            values = getattr(self, name)
+            repeated = sorted({str(v) for v in values if values.count(v) > 1})
+            if repeated:
+                raise ValueError(f"{name} lists {', '.join(repeated)} more than once; name each once")
+        return self
+
 
 class RewardConfig(Section):
     rule: str = component("reward_rules", "hard")

@@ -121,3 +121,13 @@ def test_unknown_pooler_in_list(registry):
 def test_missing_file(registry):
     with pytest.raises(ConfigError, match=r"config file not found: nope\.yaml"):
         load_config("nope.yaml", [], registry)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [("layers", [3, 7, 3], "3"), ("architectures", ["mlp", "linear", "mlp"], "mlp"), ("seeds", [0, 0], "0")],
+)
+def test_a_sweep_axis_lists_each_value_once(registry, field, value, named):
+    """A repeated layer, architecture, ... would train the same cells twice and merge their results."""
+    with pytest.raises(ConfigError, match=rf"probe.*{field} lists {named} more than once"):
+        validate_config({"domain": {"name": "arithmetic"}, "probe": {field: value}}, registry)

@@ -24,7 +24,7 @@ def test_builtins_register_by_kind(registry):
     assert registry.names("model_backends") == ["openai", "transformers", "vllm"]
     assert registry.names("reward_rules") == REWARD_RULES
     assert "mean_last_50" in registry.names("poolers")
-    assert registry.names("probe_architectures") == ["deep_mlp", "linear", "mlp"]
+    assert registry.names("probe_architectures") == ["deep_mlp", "linear", "logistic", "mlp"]
     assert registry.names("context_samplers") == ["progress", "uniform"]
 
 

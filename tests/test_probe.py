@@ -1,15 +1,28 @@
 """extract and probe: pooled activations, probe metrics, the sweep, selection and the bundle."""
 
 import csv
+import importlib.util
+import json
 import math
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from propel_core.config import ProbeConfig
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
-from propel_core.probes import auc, balanced_accuracy, ece, f1, load_probe, spearman, train_probe
+from propel_core.probes import (
+    ProbeJob,
+    auc,
+    balanced_accuracy,
+    ece,
+    f1,
+    load_probe,
+    spearman,
+    train_probe,
+    train_probes,
+)
 from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity, read_jsonl
 from propel_core.stages.extract import activation_file, load_activations
 from propel_core.stages.probe import select, splits
@@ -205,3 +218,181 @@ def test_trajectories_pool_per_turn_then_over_turns(tmp_path, propel_cli, embedd
                 vectors = torch.stack([poolers["last_token"].obj(s.layers[5], s.mask)[0] for s in alone])[None]
                 expected = poolers[pooling].obj(vectors, torch.ones(1, len(turns), dtype=torch.long))[0]
             torch.testing.assert_close(pooled[row], expected, atol=1e-4, rtol=1e-4)
+
+
+# -- stacked training: every head on one feature matrix at once ---------------------------------
+
+
+def _planted(rows: int = 400, dim: int = 24, seed: int = 0):
+    """Features with a weak linear and a weak non-linear signal, 35% positives."""
+    generator = torch.Generator().manual_seed(seed)
+    y = (torch.rand(rows, generator=generator) < 0.35).long()
+    x = torch.randn(rows, dim, generator=generator)
+    x[:, :4] += 0.5 * y[:, None]
+    x[:, 4] = torch.where(y.bool(), x[:, 4].abs(), -x[:, 4].abs()) * x[:, 5].sign()  # xor-like
+    return x, y
+
+
+def _jobs(xs, y, architectures, registry):
+    """Jobs as the sweep builds them: each feature matrix x architecture x (downsample, weighted) x
+    seeds 0 and 1; the two balances give two training-set sizes, so two stacks per layout."""
+    jobs, tests = [], []
+    for x in xs:
+        for architecture in architectures:
+            factory = registry.get("probe_architectures", architecture)
+            for balance in ("downsample", "weighted"):
+                for seed in (0, 1):
+                    ((train, val, test),) = splits(y, ["g"] * len(y), balance, "random", ProbeConfig(), seed)
+                    jobs.append(ProbeJob(factory, x, train, val, balance == "weighted", seed))
+                    tests.append(test)
+    return jobs, tests
+
+
+def test_stacked_heads_train_as_each_would_alone():
+    """Same init, batch order, dropout masks, class weight and AdamW steps: after 3 epochs (no early
+    stopping) every stacked head's weights equal the one-at-a-time head's up to float rounding."""
+    registry = Registry.build()
+    x, y = _planted()
+    jobs, _ = _jobs([x, x[:, torch.randperm(x.shape[1])] * 3], y, ["linear", "mlp"], registry)  # two matrices
+    config = ProbeConfig(epochs=3, patience=100)
+    stacked = train_probes(jobs, y, config)
+    for job, together in zip(jobs, stacked, strict=True):
+        alone = train_probe(job.factory, job.x, y, job.train, job.val, config, job.weighted, job.seed)
+        assert together.epochs == alone.epochs
+        assert together.head.state_dict().keys() == alone.head.state_dict().keys()
+        for name, weight in alone.head.state_dict().items():
+            torch.testing.assert_close(together.head.state_dict()[name], weight, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(together.mean, alone.mean)
+        torch.testing.assert_close(together.std, alone.std)
+
+
+def test_stacked_early_stopping_is_per_head():
+    """The paper's recipe (50 epochs, patience 7): heads stop at different epochs, each keeps its best
+    weights, and every cell's held-out balanced accuracy is the one-at-a-time loop's."""
+    registry = Registry.build()
+    x, y = _planted(rows=300, seed=1)
+    jobs, tests = _jobs([x], y, ["linear", "mlp"], registry)
+    config = ProbeConfig()
+    stacked = train_probes(jobs, y, config)
+    alone = [train_probe(j.factory, x, y, j.train, j.val, config, j.weighted, j.seed) for j in jobs]
+    assert len({t.epochs for t in alone}) > 1  # the heads do stop at different epochs
+    for test, together, one in zip(tests, stacked, alone, strict=True):
+        assert together.epochs == one.epochs
+        a = balanced_accuracy(y[test], together.logits(x[test]) > 0)
+        b = balanced_accuracy(y[test], one.logits(x[test]) > 0)
+        assert a == pytest.approx(b, abs=0.02)
+
+
+def test_heads_leaving_stacks_and_training_in_turns_change_no_weight(monkeypatch):
+    """Grouped folds (training sets of several sizes), heads that stop at different epochs and leave
+    their stack, and a memory budget that splits the jobs into turns: every head still ends with the
+    weights the one-at-a-time loop gives it, and each job is reported finished once."""
+    import propel_core.probes as probes
+
+    registry = Registry.build()
+    x, y = _planted(rows=240, seed=3)
+    groups = [f"g{i % 7}" for i in range(len(y))]  # uneven groups, so folds of several sizes
+    config = ProbeConfig(split="grouped_kfold", folds=4, epochs=30, patience=3)
+    folds = list(splits(y, groups, "weighted", "grouped_kfold", config, 0))
+    factories = [registry.get("probe_architectures", name) for name in ("linear", "mlp")]
+    jobs = [ProbeJob(factory, x, train, val, True, 0) for factory in factories for train, val, _ in folds]
+    mlp_parameters = sum(p.numel() for p in factories[1](x.shape[1]).parameters())
+    monkeypatch.setattr(probes, "STACK_BYTES", 4 * 6 * mlp_parameters * 2.5)  # about two mlp heads a turn
+    finished = []
+    stacked = train_probes(jobs, y, config, finished.append)
+    assert sorted(finished) == list(range(len(jobs)))
+    assert len({len(job.train) for job in jobs}) > 1
+    assert len({trained.epochs for trained in stacked}) > 1
+    for job, together in zip(jobs, stacked, strict=True):
+        alone = train_probe(job.factory, job.x, y, job.train, job.val, config, job.weighted, job.seed)
+        assert together.epochs == alone.epochs
+        for name, weight in alone.head.state_dict().items():
+            torch.testing.assert_close(together.head.state_dict()[name], weight, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("first", ["layer_norm", "dropout"])
+def test_unstackable_heads_train_alone(first):
+    """A head of another layout (one that starts with a LayerNorm or a Dropout) trains through the
+    one-at-a-time loop, unchanged."""
+    x, y = _planted(rows=200)
+
+    def head(input_dim):
+        start = torch.nn.LayerNorm(input_dim) if first == "layer_norm" else torch.nn.Dropout(0.1)
+        return torch.nn.Sequential(start, torch.nn.Linear(input_dim, 1), torch.nn.Flatten(0))
+
+    ((train, val, _),) = splits(y, ["g"] * len(y), "weighted", "random", ProbeConfig(), 0)
+    config = ProbeConfig(epochs=4)
+    (together,) = train_probes([ProbeJob(head, x, train, val, True, 0)], y, config)
+    alone = train_probe(head, x, y, train, val, config, True, 0)
+    for name, weight in alone.head.state_dict().items():
+        assert torch.equal(together.head.state_dict()[name], weight)
+
+
+def test_logistic_is_scikit_learns_logistic_regression():
+    linear_model = pytest.importorskip("sklearn.linear_model")
+    registry = Registry.build()
+    x, y = _planted(rows=500, seed=2)
+    factory = registry.get("probe_architectures", "logistic")
+    ((train, val, test),) = splits(y, ["g"] * len(y), "weighted", "random", ProbeConfig(), 0)
+    (trained,) = train_probes([ProbeJob(factory, x, train, val, True, 0)], y, ProbeConfig())
+    features = ((x - trained.mean) / trained.std).double().numpy()
+    positives = int(y[train].sum())
+    peer = linear_model.LogisticRegression(max_iter=1000, class_weight={0: 1, 1: (len(train) - positives) / positives})
+    peer.fit(features[train.numpy()], y[train].numpy())
+    expected = torch.from_numpy(peer.decision_function(features[test.numpy()])).float()
+    torch.testing.assert_close(trained.logits(x[test]), expected, atol=1e-4, rtol=1e-4)
+    assert balanced_accuracy(y[test], trained.logits(x[test]) > 0) >= 0.7
+    alone = train_probe(factory, x, y, train, val, ProbeConfig(), True, 0)  # the one-at-a-time path fits it too
+    torch.testing.assert_close(alone.logits(x[test]), trained.logits(x[test]))
+
+
+def test_logistic_without_scikit_learn_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # import sklearn.* now raises ImportError
+    monkeypatch.setitem(sys.modules, "sklearn.linear_model", None)
+    x, y = _planted(rows=100)
+    factory = Registry.build().get("probe_architectures", "logistic")
+    with pytest.raises(PropelError, match=r"needs scikit-learn: pip install 'propel-core\[sklearn\]'"):
+        train_probes([ProbeJob(factory, x, torch.arange(80), torch.arange(80, 90), False, 0)], y, ProbeConfig())
+
+
+def test_sweep_cells_equal_one_at_a_time_training(tmp_path):
+    """The probe stage, seeds x balances x architectures (logistic too) per feature matrix, reports per
+    cell what training each head alone gives."""
+    from propel_core.config import validate_config
+    from propel_core.run import Run
+    from propel_core.stages.probe import probe
+
+    x, y = _planted(rows=200, seed=3)
+    with JsonlWriter(tmp_path / "tasks.jsonl") as tasks, JsonlWriter(tmp_path / "labels.jsonl") as labels:
+        for i in range(len(y)):
+            tasks.write(Task(id=f"t{i}", domain="countdown", context_id=f"c{i % 8}", generation="", text="x",
+                             payload={}, validity=Validity.ok(), generator="m"))  # fmt: skip
+            attempts = [SolverAttempt(text="", solved=j < 2 * int(y[i])) for j in range(8)]
+            labels.write(Label.from_attempts(f"t{i}", attempts, (1 / 8, 3 / 8), 1))
+    folder = tmp_path / "activations"
+    folder.mkdir()
+    features = {(1, "last_token"): x, (2, "last_token"): x.flip(1) * 2}
+    for (layer, pooling), matrix in features.items():
+        save_file({"x": matrix.contiguous()}, activation_file(folder, layer, pooling))
+    (folder / "index.json").write_text(json.dumps({"task_ids": [f"t{i}" for i in range(len(y))]}))
+    architectures = ["linear", "mlp"] + (["logistic"] if importlib.util.find_spec("sklearn") else [])
+    registry = Registry.build()
+    options = {"layers": [1, 2], "poolings": ["last_token"], "architectures": architectures,
+               "balance": ["downsample", "weighted"], "seeds": [0, 1], "epochs": 8}  # fmt: skip
+    config = validate_config({"run_dir": str(tmp_path), "domain": {"name": "countdown"}, "probe": options}, registry)
+    probe(Run(config, registry, quiet=True))
+    with (tmp_path / "probes" / "sweep.csv").open() as handle:
+        cells = list(csv.DictReader(handle))
+    assert len(cells) == 2 * len(architectures) * 2
+    for cell in cells:
+        x_cell = features[int(cell["layer"]), cell["pooling"]]
+        factory = registry.get("probe_architectures", cell["architecture"])
+        accuracies = []
+        for seed in (0, 1):
+            ((train, val, test),) = splits(y, [], cell["balance"], "random", config.probe, seed)
+            weighted = cell["balance"] == "weighted"
+            alone = train_probe(factory, x_cell, y, train, val, config.probe, weighted, seed)
+            accuracies.append(balanced_accuracy(y[test], alone.logits(x_cell[test]) > 0))
+        assert float(cell["test_balanced_accuracy"]) == pytest.approx(sum(accuracies) / 2, abs=0.02), cell

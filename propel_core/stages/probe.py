@@ -4,6 +4,9 @@ Writes ``sweep.csv`` (one row per cell, metrics averaged over seeds and folds), 
 (validation balanced accuracy per layer x pooling, one panel per architecture and balance), and the
 selected probe as a bundle in ``probes/selected/`` (``probe.safetensors`` + ``probe.json``).
 
+All heads of a group of feature matrices (every cell x seed x fold on them) train at once, stacked
+(:func:`propel_core.probes.train_probes`); each gets what training it alone gives.
+
 Selection (appendix 14): among cells whose validation ECE is at most ``probe.max_ece`` (all cells when
 none is), take those within ``probe.rvp_tolerance`` of the best validation balanced accuracy and pick
 the one with the highest RVP, the variance of the exact RL reward over base-policy generations.
@@ -14,16 +17,18 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+from collections import Counter
 from collections.abc import Iterator
 
 from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.errors import NotEnoughData, PropelError, RewardError
-from propel_core.probes import fit_temperature, metrics, save_bundle, train_probe
+from propel_core.probes import ProbeJob, fit_temperature, metrics, save_bundle, train_probes
 from propel_core.records import Label, ProbeBundle, Task, iter_jsonl
 from propel_core.run import Run, log
 from propel_core.stages.extract import load_activations
 
 METRICS = ("balanced_accuracy", "ece", "auc", "f1", "spearman")
+FEATURE_BYTES = 512 << 20  # feature matrices whose heads train together (they are copied once more)
 
 
 def probe(run: Run) -> None:
@@ -42,7 +47,7 @@ def probe(run: Run) -> None:
         )
     tasks = {task.id: task for task in iter_jsonl(run.dir / "tasks.jsonl", Task)}
     first_layer, first_pooling = probe_config.layers[0], probe_config.poolings[0]
-    ids, _ = load_activations(run.dir, first_layer, first_pooling)
+    ids, first = load_activations(run.dir, first_layer, first_pooling)
     row_of = {task_id: row for row, task_id in enumerate(ids)}
     labels = [label for label in labels if label.task_id in row_of]
     rows = torch.tensor([row_of[label.task_id] for label in labels])
@@ -53,47 +58,51 @@ def probe(run: Run) -> None:
     rule = run.component("reward_rules", config.reward.rule)(config.reward)
     log.info("%d labeled rows (%d in band); RVP over %d base-policy tasks", len(y), int(y.sum()), len(rvp_tasks))
 
-    cells, kept = [], {}
-    grid = [
-        (layer, pooling, architecture, balance)
-        for layer in probe_config.layers
-        for pooling in probe_config.poolings
-        for architecture in probe_config.architectures
+    pairs = [(architecture, balance) for architecture in probe_config.architectures for balance in probe_config.balance]
+    matrices = [(layer, pooling) for layer in probe_config.layers for pooling in probe_config.poolings]
+    split_of = {
+        (balance, seed): list(splits(y, groups, balance, probe_config.split, probe_config, seed))
         for balance in probe_config.balance
-    ]
-    with run.progress("probe sweep", total=len(grid)) as advance:
-        for layer in probe_config.layers:
-            for pooling in probe_config.poolings:
+        for seed in probe_config.seeds
+    }
+    # every head of a group of feature matrices trains at once (architectures x balances x seeds x folds
+    # x matrices), as many matrices a group as fit in FEATURE_BYTES
+    per_group = max(1, FEATURE_BYTES // max(1, len(rows) * first.shape[1] * first.element_size()))
+    del first
+    results: dict[tuple, list] = {}
+    kept = {}
+    with run.progress("probe sweep", total=len(matrices) * len(pairs)) as advance:
+        for start in range(0, len(matrices), per_group):
+            jobs, where, rvp_x = [], [], {}
+            for layer, pooling in matrices[start : start + per_group]:
                 _, x_all = load_activations(run.dir, layer, pooling)
                 x = x_all[rows]
-                rvp_x = {t.id: x_all[row_of[t.id]] for t in rvp_tasks if t.id in row_of}
-                for architecture in probe_config.architectures:
+                rvp_x[layer, pooling] = {t.id: x_all[row_of[t.id]].clone() for t in rvp_tasks if t.id in row_of}
+                del x_all  # only the labeled rows stay (a row of it, not cloned, would keep all of it)
+                for architecture, balance in pairs:
                     factory = run.component("probe_architectures", architecture)
-                    for balance in probe_config.balance:
-                        runs = []
-                        for seed in probe_config.seeds:
-                            for train, val, test in splits(y, groups, balance, probe_config.split, probe_config, seed):
-                                trained = train_probe(
-                                    factory, x, y, train, val, probe_config, balance == "weighted", seed
-                                )
-                                result = {
-                                    f"val_{k}": v
-                                    for k, v in metrics(y[val], trained.logits(x[val]), solve_rates[val]).items()
-                                }
-                                result |= {
-                                    f"test_{k}": v
-                                    for k, v in metrics(y[test], trained.logits(x[test]), solve_rates[test]).items()
-                                }
-                                result |= {
-                                    "rvp": rvp(rule, rvp_tasks, rvp_x, trained),
-                                    "epochs": trained.epochs,
-                                    "train_rows": len(train),
-                                }
-                                runs.append(result)
-                                kept.setdefault((layer, pooling, architecture, balance), (trained, x, val, test))
-                        cell = {"layer": layer, "pooling": pooling, "architecture": architecture, "balance": balance}
-                        cells.append(cell | {key: _mean([r[key] for r in runs]) for key in runs[0]})
-                        advance(1)
+                    for seed in probe_config.seeds:
+                        for train, val, test in split_of[balance, seed]:
+                            jobs.append(ProbeJob(factory, x, train, val, balance == "weighted", seed))
+                            where.append((layer, pooling, architecture, balance, val, test))
+            for job, (*cell, val, test), trained in zip(
+                jobs, where, train_probes(jobs, y, probe_config, _cells_done(where, advance)), strict=True
+            ):
+                x = job.x
+                result = {f"val_{k}": v for k, v in metrics(y[val], trained.logits(x[val]), solve_rates[val]).items()}
+                result |= {
+                    f"test_{k}": v for k, v in metrics(y[test], trained.logits(x[test]), solve_rates[test]).items()
+                }
+                result |= {"rvp": rvp(rule, rvp_tasks, rvp_x[cell[0], cell[1]], trained), "epochs": trained.epochs,
+                           "train_rows": len(job.train)}  # fmt: skip
+                results.setdefault(tuple(cell), []).append(result)
+                kept.setdefault(tuple(cell), (trained, x, val, test))
+    cells = []
+    for layer, pooling in matrices:
+        for architecture, balance in pairs:
+            runs = results[layer, pooling, architecture, balance]
+            cell = {"layer": layer, "pooling": pooling, "architecture": architecture, "balance": balance}
+            cells.append(cell | {key: _mean([r[key] for r in runs]) for key in runs[0]})
 
     folder = run.dir / "probes"
     folder.mkdir(parents=True, exist_ok=True)
@@ -115,6 +124,18 @@ def probe(run: Run) -> None:
     )  # fmt: skip
     save_bundle(folder / "selected", trained, bundle)
     print(selection_table(cells, chosen))
+
+
+def _cells_done(where: list[tuple], advance):
+    """A ``finished(job)`` callback that advances the progress bar as the last head of a cell is done."""
+    waiting = Counter(cell[:4] for cell in where)
+
+    def finished(i: int) -> None:
+        waiting[where[i][:4]] -= 1
+        if not waiting[where[i][:4]]:
+            advance(1)
+
+    return finished
 
 
 def splits(y, groups, balance: str, split: str, config, seed: int) -> Iterator[tuple]:
