@@ -1,27 +1,45 @@
-"""Wall time of `propel --help` and `propel plugins` (target: well under a second each).
+"""Wall time of `propel --help`, `propel plugins` and `propel plugins --json` (target: well under a
+second each).
 
-python benchmarks/cli_startup.py
+Compares: each command against a bare interpreter start of the same virtual environment (the peer:
+``python -c pass``, the floor any Python CLI pays). Every command runs in a fresh process started in
+a new session, all alike; the commands are interleaved after a warm-up round (timing.compare).
+
+    python benchmarks/cli_startup.py [--repeats 10]
 """
 
+import argparse
+import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from timing import compare, report
 
-def best_of(args: list[str], runs: int = 5) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(args, check=True, capture_output=True)
-        times.append(time.perf_counter() - start)
-    return min(times)
+PEER = "python -c pass (peer: bare interpreter)"
+
+
+def command(argv: list[str]):
+    def run() -> None:
+        subprocess.run(argv, check=True, capture_output=True, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    return run
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
     propel = str(Path(sys.executable).with_name("propel"))  # the one installed beside this interpreter
-    for args in (["--help"], ["plugins"], ["plugins", "--json"]):
-        print(f"propel {' '.join(args):15s} {best_of([propel, *args]):.3f} s (best of 5)")
+    arms = {PEER: command([sys.executable, "-c", "pass"])}
+    for extra in (["--help"], ["plugins"], ["plugins", "--json"]):
+        arms[f"propel {' '.join(extra)}"] = command([propel, *extra])
+    times = compare(arms, repeats=args.repeats, warmup=1)
+    report("start-up wall time of propel commands vs a bare interpreter, one fresh process each", times, baseline=PEER)
+    floor = statistics.median(times[PEER])
+    for name, seconds in times.items():
+        if name != PEER:
+            print(f"  {name}: {statistics.median(seconds) - floor:.3f} s over the bare interpreter (medians)")
 
 
 if __name__ == "__main__":

@@ -8,13 +8,15 @@ Four comparisons, each on realistic work through the same code the stages use (`
 2. in-process model: 8 SWE solver episodes by the embedded model (3 turns at most), its turns batched
    across episodes (8 workers) vs one episode at a time (1 worker); the peer is plain one-at-a-time
    Hugging Face generation, as the label stage ran before;
-3. served model: labeling arithmetic tasks through ``transformers serve`` (the PyPI server, the
-   embedded model), 1 vs 8 requests in flight;
+3. served model: labeling arithmetic tasks (written by the embedded generator, the demo config's
+   settings) through ``transformers serve`` (the PyPI server, the embedded model), 1 vs 8 requests in
+   flight;
 4. Ray: procedural SWE bugs (mutation + verification in the sandbox) on a 2-node Ray cluster started
    here vs the local executor, both with 4 workers in all.
 
-Arms are interleaved, each repeated (``--repeats``) after a warm-up; min and median are printed, and
-ratios come from the medians of this run.
+Arms are interleaved with rotation (timing.compare), each repeated (``--repeats``) after a warm-up
+round; min and median are printed with the spread, and ratios from both, all from one run. Model
+budgets are small (32 and 16 new tokens) so a run takes minutes on 2 CPU cores; each part says so.
 
     python benchmarks/label_scaling.py [--repeats 3] [--skip served,ray]
 """
@@ -22,18 +24,17 @@ ratios come from the medians of this run.
 import argparse
 import os
 import shutil
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
+import psutil
 import yaml
+from timing import compare, ratio, report
 
 from propel_core import hookimpl
-from propel_core.config import DomainConfig, ModelConfig, Sampling, validate_config
-from propel_core.domain import make_task
+from propel_core.config import DomainConfig, ModelConfig, Sampling, load_config, validate_config
 from propel_core.embedded import cache_dir
-from propel_core.execution import Attempt, Episode, Worker, job_seed, task_id
+from propel_core.execution import Attempt, Episode, Worker, draw_contexts, job_seed, sample_tasks, task_id
 from propel_core.plugins import Registry, get_plugin_manager
 from propel_core.run import Run
 from propel_core.testing import serving_embedded_model
@@ -63,16 +64,24 @@ class ScriptedPlugin:
         register("scripted", Scripted)
 
 
-def timed(action) -> float:
-    started = time.monotonic()
-    action()
-    return time.monotonic() - started
+def autogroup(pid: int) -> str:
+    """The scheduler autogroup (one CPU share per session) a process runs in."""
+    try:
+        return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+    except OSError:
+        return "?"
 
 
-def report(name: str, times: list[float], work: int, unit: str) -> float:
-    median = statistics.median(times)
-    print(f"  {name:38s} min {min(times):7.2f} s  median {median:7.2f} s  ({work / median:6.2f} {unit}/s)")
-    return median
+def executor_arm(worker, jobs, workers: int, calls: dict | None = None, name: str = ""):
+    """One call: all ``jobs`` through a fresh local executor with ``workers`` in flight."""
+
+    def run() -> None:
+        executor = LocalExecutor(workers)
+        list(executor.run(worker, jobs))
+        if calls is not None:
+            calls[name] = executor.generate_calls
+
+    return run
 
 
 def swe_options(folder: Path) -> dict:
@@ -88,8 +97,8 @@ def swe_options(folder: Path) -> dict:
 def valid_bugs(registry, options: dict, count: int):
     domain = registry.domain("swe", **options)
     worker = Worker(DomainConfig(name="swe", options=options), ModelConfig(), Sampling(), registry, domain)
-    context = domain.contexts()[0]
-    episodes = [Episode(task_id(i), context, job_seed(0, task_id(i))) for i in range(4 * count)]
+    contexts = domain.episode_contexts([domain.contexts()[0]] * 4 * count, 0)  # mutants 0, 1, ... as a run numbers them
+    episodes = [Episode(task_id(i), context, job_seed(0, task_id(i))) for i, context in enumerate(contexts)]
     tasks = sorted((task for _, task in LocalExecutor(2).run(worker, episodes) if task.validity.valid),
                    key=lambda task: task.id)  # fmt: skip
     return domain, tasks[:count]
@@ -100,66 +109,63 @@ def attempts_of(tasks, k: int):
 
 
 def sandbox_bound(registry, options, domain, tasks, repeats: int) -> None:
-    print(f"1. sandbox-bound: {len(tasks) * 2} scripted SWE solver attempts (suite run + grading), local executor")
     worker = Worker(DomainConfig(name="swe", options=options), ModelConfig(backend="scripted"), Sampling(),
                     registry, domain)  # fmt: skip
     jobs = attempts_of(tasks, 2)
-    times: dict[int, list[float]] = {1: [], 2: [], 4: []}
-    list(LocalExecutor(2).run(worker, jobs[:2]))  # warm-up
-    for _ in range(repeats):
-        for workers in times:
-            times[workers].append(timed(lambda workers=workers: list(LocalExecutor(workers).run(worker, jobs))))
-    medians = {w: report(f"{w} worker(s)", t, len(jobs), "attempts") for w, t in times.items()}
+    arms = {f"{w} worker(s)": executor_arm(worker, jobs, w) for w in (1, 2, 4)}
+    times = compare(arms, repeats=repeats, warmup=1)
+    report(f"1. sandbox-bound: {len(jobs)} scripted SWE solver attempts (suite run + grading), local executor at "
+           "1, 2 and 4 workers", times, baseline="1 worker(s)", per=(len(jobs), "attempts"))  # fmt: skip
     for w in (2, 4):
-        speedup = medians[1] / medians[w]
-        print(f"  {w} workers vs 1: {speedup:.2f}x, parallel efficiency {speedup / w:.0%} (on {os.cpu_count()} cores)")
+        low, mid = ratio(times, "1 worker(s)", f"{w} worker(s)")
+        print(f"  {w} workers vs 1: {low:.2f}x (min), {mid:.2f}x (median); parallel efficiency {mid / w:.0%} "
+              f"(median, on {os.cpu_count()} cores)")  # fmt: skip
 
 
 def in_process(registry, options, domain, tasks, repeats: int) -> None:
-    print("2. in-process model: 8 SWE solver episodes by the embedded model (3 turns, 32 tokens a turn)")
+    # 32 new tokens a turn, not the solver's default 1,024: 8 episodes x 3 turns at 1,024 tokens would take
+    # most of an hour a repeat on 2 CPU cores; batching pays per step, so the ratio holds at any length
     worker = Worker(DomainConfig(name="swe", options=options), ModelConfig(batch_size=8),
                     Sampling(temperature=0.7, top_p=0.95, max_new_tokens=32), registry, domain)  # fmt: skip
     jobs = attempts_of(tasks, 8 // len(tasks))[:8]
-    list(LocalExecutor(8).run(worker, jobs[:2]))  # warm-up: loads the model
-    times: dict[str, list[float]] = {"one at a time (1 worker)": [], "batched turns (8 workers)": []}
+    one, batched = "one at a time, 1 worker (peer: plain one-at-a-time HF generation)", "batched turns, 8 workers"
     calls: dict[str, int] = {}
-    for _ in range(repeats):
-        for name, workers in (("one at a time (1 worker)", 1), ("batched turns (8 workers)", 8)):
-            executor = LocalExecutor(workers)
-            times[name].append(timed(lambda executor=executor: list(executor.run(worker, jobs))))
-            calls[name] = executor.generate_calls
-    medians = {name: report(f"{name}, {calls[name]} calls", t, len(jobs), "episodes") for name, t in times.items()}
-    one, batched = medians.values()
-    print(f"  batched vs one at a time: {one / batched:.2f}x (target >= 3x)")
+    arms = {one: executor_arm(worker, jobs, 1, calls, one), batched: executor_arm(worker, jobs, 8, calls, batched)}
+    times = compare(arms, repeats=repeats, warmup=1)  # the warm-up round loads the model
+    report(f"2. in-process model: {len(jobs)} SWE solver episodes by the embedded model (3 turns at most, 32 new "
+           "tokens a turn)", times, baseline=one, per=(len(jobs), "episodes"))  # fmt: skip
+    low, mid = ratio(times, one, batched)
+    print(f"  generate calls: {calls}; batched vs one at a time: {low:.2f}x (min), {mid:.2f}x (median) (target >= 3x)")
 
 
 def served(tmp: Path, repeats: int) -> None:
-    print("3. served model: labeling arithmetic tasks through `transformers serve` (embedded model)")
+    # the demo config's arithmetic tasks, written by the embedded generator through the generate code,
+    # and its solver sampling (16 new tokens): the quick start's label stage, served
+    demo = load_config(ROOT / "propel_core" / "configs" / "demo.yaml", [f"run_dir={tmp / 'written'}",
+                                                                        "generate.num_tasks=32"])  # fmt: skip
+    writer = Run(demo, Registry.build(), quiet=True)
+    written = sample_tasks(writer, demo.generator, draw_contexts(writer), writer.dir / "tasks.jsonl")
+    tasks = [task for task in written if task.validity.valid][:8]
+    print(f"  ({len(tasks)} valid of {len(written)} arithmetic tasks written by the embedded generator)")
     with serving_embedded_model() as (url, model):
-        solver = {"backend": "openai", "model": model, "base_url": url,
-                  "server_extensions": False, "max_concurrency": 8,
-                  "sampling": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 16}}  # fmt: skip
+        solver = {"backend": "openai", "model": model, "base_url": url, "server_extensions": False,
+                  "max_concurrency": 8, "sampling": demo.solver.sampling.model_dump()}  # fmt: skip
         registry = Registry.build()
         run = Run(validate_config({"run_dir": str(tmp / "served"), "domain": {"name": "arithmetic"},
                                    "solver": solver}, registry), registry, quiet=True)  # fmt: skip
         domain = run.domain()
         worker = Worker(run.config.domain, run.config.solver, run.config.solver.sampling, registry, domain)
-        contexts = domain.contexts()
-        predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
-        tasks = [make_task(f"a{i}", domain, contexts[i % len(contexts)], f"Compute: {i + 3} + {2 * i}", "hand",
-                           predicates) for i in range(8)]  # fmt: skip
         jobs = attempts_of(tasks, 4)
-        list(LocalExecutor(8).run(worker, jobs[:8]))  # warm-up
-        times: dict[int, list[float]] = {1: [], 8: []}
-        for _ in range(repeats):
-            for workers in times:
-                times[workers].append(timed(lambda workers=workers: list(LocalExecutor(workers).run(worker, jobs))))
-        medians = {w: report(f"{w} request(s) in flight", t, len(jobs), "attempts") for w, t in times.items()}
-        print(f"  8 in flight vs 1: {medians[1] / medians[8]:.2f}x")
+        arms = {f"{w} request(s) in flight": executor_arm(worker, jobs, w) for w in (1, 8)}
+        times = compare(arms, repeats=repeats, warmup=1)
+        what = f"3. served model: {len(jobs)} arithmetic attempts (16 new tokens) through `transformers serve`"
+        report(f"{what}, 1 vs 8 requests in flight", times, baseline="1 request(s) in flight",
+               per=(len(jobs), "attempts"))  # fmt: skip
+        low, mid = ratio(times, "1 request(s) in flight", "8 request(s) in flight")
+        print(f"  8 in flight vs 1: {low:.2f}x (min), {mid:.2f}x (median)")
 
 
 def ray_overhead(registry, options, repeats: int) -> None:
-    print("4. Ray: 12 procedural SWE bugs (mutation + verification), 4 workers in all")
     import ray
     from ray.cluster_utils import Cluster
 
@@ -171,17 +177,23 @@ def ray_overhead(registry, options, repeats: int) -> None:
     try:
         domain = registry.domain("swe", **options)
         worker = Worker(DomainConfig(name="swe", options=options), ModelConfig(), Sampling(), registry, domain)
-        context = domain.contexts()[0]
-        jobs = [Episode(task_id(i), context, job_seed(7, task_id(i))) for i in range(12)]
-        executors = {"local, 4 workers": LocalExecutor(4), "ray, 2 nodes x 2 workers": RayExecutor(4)}
-        for executor in executors.values():  # warm-up: Ray starts its worker processes
-            list(executor.run(worker, jobs[:4]))
-        times: dict[str, list[float]] = {name: [] for name in executors}
-        for _ in range(repeats):
-            for name, executor in executors.items():
-                times[name].append(timed(lambda executor=executor: list(executor.run(worker, jobs))))
-        local, on_ray = (report(name, t, len(jobs), "episodes") for name, t in times.items())
-        print(f"  ray vs local: {on_ray / local:.2f}x the time, overhead {on_ray / local - 1:+.0%} (target <= +20%)")
+        contexts = domain.episode_contexts([domain.contexts()[0]] * 12, 7)
+        jobs = [Episode(task_id(i), context, job_seed(7, task_id(i))) for i, context in enumerate(contexts)]
+        local, on_ray = "local executor, 4 workers", "ray, 2 nodes x 2 workers"
+        executors = {local: LocalExecutor(4), on_ray: RayExecutor(4)}
+        arms = {
+            name: (lambda executor=executor: list(executor.run(worker, jobs))) for name, executor in executors.items()
+        }
+        times = compare(arms, repeats=repeats, warmup=1)  # the warm-up round starts Ray's worker processes
+        print(f"  autogroups (CPU shares): this process {autogroup(os.getpid())}, Ray's processes "
+              f"{sorted({autogroup(p.pid) for p in psutil.Process().children(recursive=True)})}")  # fmt: skip
+        report(f"4. Ray: {len(jobs)} procedural SWE bugs (mutation + verification), 4 workers in all", times,
+               baseline=local, per=(len(jobs), "episodes"))  # fmt: skip
+        low, mid = ratio(times, on_ray, local)
+        print(
+            f"  ray vs local: {low:.2f}x (min), {mid:.2f}x (median) the time; overhead {mid - 1:+.0%} (median; "
+            "target <= +20%)"
+        )
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -200,6 +212,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         options = swe_options(Path(tmp))
         domain, tasks = valid_bugs(registry, options, 4)
+        print(f"{len(tasks)} valid procedural bugs on tinystats for parts 1 and 2")
+        if not tasks:
+            raise SystemExit("no valid procedural bug on tinystats: parts 1 and 2 have nothing to run")
         if "sandbox" not in skip:
             sandbox_bound(registry, options, domain, tasks, args.repeats)
         if "model" not in skip:

@@ -1,81 +1,157 @@
-"""How long the SWE pipeline's sandboxed steps take on a real project: six 1.17.0 from its PyPI
-sdist, in the local sandbox (and in the docker sandbox when an engine is reachable, side by side).
+"""How long the SWE pipeline's sandboxed steps take on a real project: six 1.17.0 from its PyPI sdist.
 
-Prints: preflight (the suite once on the clean checkout), one procedural bug, one verification of a
-valid bug, one solver attempt (a scripted solver that reverts the bug) and its grading; with
-``--model-turns N``, one attempt by the embedded model as the solver (N turns at most).
+Compares: nothing by default (the local sandbox alone: each step repeated, min and median printed);
+with ``--docker-image``, the docker sandbox against the local one, step by step, interleaved.
 
-    python benchmarks/swe_timings.py [--docker-image IMAGE] [--model-turns N]
+Steps: preflight (the suite on the clean checkout); procedural bugs (mutation) and their verification,
+each on the same distinct bugs in every arm; the verification of one valid bug again; a solver attempt
+(a scripted solver that reverts the bug, 2 turns) and its grading; with ``--model-turns N``, an attempt
+by the embedded model as the solver (N turns at most, the default solver sampling unless
+``--model-tokens`` caps it). Each step has a warm-up call, then ``--repeats`` interleaved ones
+(timing.compare).
+
+    python benchmarks/swe_timings.py [--repeats 3] [--bugs 6] [--docker-image IMAGE] [--model-turns N]
 
 ``--docker-image`` names an image with bash, git and Python with pytest (``propel swe image``
 builds one); six is copied into each container.
 """
 
 import argparse
+import itertools
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
+from timing import compare, report
 
-from propel_core.config import ModelConfig, Sampling
+from propel_core.config import ModelConfig, validate_config
 from propel_core.embedded import cache_dir
 from propel_core.execution import model_reply
 from propel_core.plugins import Registry
 from propel_core.records import Context
 from propel_swe.checkout import python_environment, sdist_checkout
 
-
-def timed(action):
-    started = time.monotonic()
-    result = action()
-    return result, time.monotonic() - started
+CONTEXT = Context(id="six", data={"repo": "six"})
 
 
-def measure(domain, label: str, model_turns: int = 0) -> None:
-    repo = domain.repos["six"]
-    baseline, preflight_s = timed(lambda: domain.baseline(repo, force=True))
-    print(f"[{label}] preflight: {preflight_s:.2f} s ({baseline.test_count} tests, suite {baseline.duration:.2f} s)")
-    context = Context(id="six", data={"repo": "six"})
-    generated, verified, valid = [], [], None
-    for seed in range(40):
-        payload, seconds = timed(lambda seed=seed: domain.parse(domain.episode(context, None, seed=seed)))
-        generated.append(seconds)
-        validity, seconds = timed(lambda payload=payload: domain.verify(payload))
-        verified.append(seconds)
-        if validity.valid:
+def step(what: str, arms: dict, repeats: int) -> dict[str, list[float]]:
+    times = compare(arms, repeats=repeats, warmup=1)
+    report(what, times, baseline="local" if len(arms) > 1 else None)
+    return times
+
+
+def measure(domains: dict, args) -> dict:
+    repo = next(iter(domains.values())).repos["six"]
+    summary = {}
+    baselines = {}
+
+    def preflight(label):
+        def run():
+            baselines[label] = domains[label].baseline(repo, force=True)
+
+        return run
+
+    times = step("preflight: the suite once on the clean checkout", {k: preflight(k) for k in domains}, args.repeats)
+    summary["preflight_s"] = {k: statistics.median(v) for k, v in times.items()}
+    for label, found in baselines.items():
+        print(f"  [{label}] {found.test_count} tests, suite {found.duration:.2f} s")
+
+    # the same distinct bugs in every arm: bug number i is the i-th mutant of the order seeded 0
+    payloads: dict[str, list[dict]] = {label: [] for label in domains}
+    seeds = {label: itertools.count() for label in domains}
+
+    def mutate(label):
+        def run():
+            domain = domains[label]
+            payloads[label].append(domain.parse(domain.episode(CONTEXT, None, seed=next(seeds[label]))))
+
+        return run
+
+    step("procedural bug: one mutation (a new bug each call)", {k: mutate(k) for k in domains}, args.bugs)
+    verdicts: dict[str, list[bool]] = {label: [] for label in domains}
+    queue = {label: iter(found) for label, found in payloads.items()}
+
+    def verify(label):
+        def run():
+            verdicts[label].append(domains[label].verify(next(queue[label])).valid)
+
+        return run
+
+    times = step("verification of a procedural bug (a new bug each call)", {k: verify(k) for k in domains},
+                 len(payloads["local"]) - 1)  # fmt: skip
+    summary["verification_median_s"] = {k: statistics.median(v) for k, v in times.items()}
+    for label, found in verdicts.items():
+        print(f"  [{label}] valid: {sum(found)} of {len(found)} bugs")
+    local = domains["local"]
+    valid = next((p for p, ok in zip(payloads["local"], verdicts["local"], strict=True) if ok), None)
+    for seed in range(len(payloads["local"]), 40) if valid is None else ():  # look further, untimed
+        payload = local.parse(local.episode(CONTEXT, None, seed=seed))
+        if local.verify(payload).valid:
             valid = payload
             break
-    print(f"[{label}] procedural bug: median {statistics.median(generated):.2f} s; verification: median "
-          f"{statistics.median(verified):.2f} s over {len(verified)} bugs, valid after {len(verified)}")  # fmt: skip
     if valid is None:
-        return
+        print("no valid bug among the first 40 mutants: no solver timings")
+        return summary
+
+    times = step("verification of one valid bug, again", {k: (lambda d=d: d.verify(dict(valid))) for k, d in
+                                                           domains.items()}, args.repeats)  # fmt: skip
     revert = f"```bash\ncat > /tmp/bug.diff <<'PATCH'\n{valid['diff']}PATCH\ngit apply -R /tmp/bug.diff\n```"
-    replies = iter([revert, "```submit\n```"])
-    attempt, attempt_s = timed(lambda: domain.solver_episode(valid, lambda messages: next(replies)))
-    verdict, grade_s = timed(lambda: domain.grade(valid, attempt))
-    print(f"[{label}] solver attempt (2 turns): {attempt_s:.2f} s; grading: {grade_s:.2f} s; solved {verdict.solved}")
-    if model_turns:  # the embedded model as the solver: what a real attempt costs per turn here
-        backend = domain.registry.backend(ModelConfig())
-        reply = model_reply(
-            backend.generate, Sampling(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=128), seed=0
-        )
-        domain.solver_max_turns = model_turns
-        attempt, attempt_s = timed(lambda: domain.solver_episode(valid, reply))
-        turns = len(json.loads(attempt)["turns"])
-        verdict, grade_s = timed(lambda: domain.grade(valid, attempt))
-        print(f"[{label}] embedded-model solver attempt: {attempt_s:.1f} s for {turns} turns of <= 128 tokens "
-              f"({attempt_s / turns:.1f} s a turn); grading {grade_s:.2f} s; solved {verdict.solved}")  # fmt: skip
-    print(json.dumps({"label": label, "preflight_s": preflight_s, "verification_median_s": statistics.median(verified),
-                      "solver_attempt_s": attempt_s, "grading_s": grade_s}))  # fmt: skip
+    attempts: dict[str, str] = {}
+
+    def attempt(label, reply_of):
+        def run():
+            attempts[label] = domains[label].solver_episode(valid, reply_of())
+
+        return run
+
+    def scripted():
+        replies = iter([revert, "```submit\n```"])
+        return lambda messages: next(replies)
+
+    times = step("solver attempt: a scripted solver reverts the bug (2 turns)",
+                 {k: attempt(k, scripted) for k in domains}, args.repeats)  # fmt: skip
+    summary["solver_attempt_s"] = {k: statistics.median(v) for k, v in times.items()}
+    solved: dict[str, object] = {}
+
+    def grade(label):
+        def run():
+            solved[label] = domains[label].grade(valid, attempts[label]).solved
+
+        return run
+
+    times = step("grading that attempt on a clean checkout", {k: grade(k) for k in domains}, args.repeats)
+    summary["grading_s"] = {k: statistics.median(v) for k, v in times.items()}
+    print(f"  solved: {solved}")
+
+    if args.model_turns:  # the embedded model as the solver: what a real attempt costs per turn here
+        sampling = validate_config({"domain": {"name": "swe"}}, local.registry).solver.sampling
+        if args.model_tokens:
+            sampling = sampling.model_copy(update={"max_new_tokens": args.model_tokens})
+        backend = local.registry.backend(ModelConfig())
+        calls = itertools.count()
+        for domain in domains.values():
+            domain.solver_max_turns = args.model_turns
+
+        def by_model():
+            return model_reply(backend.generate, sampling, seed=next(calls))
+
+        what = f"embedded-model solver attempt (<= {args.model_turns} turns of <= {sampling.max_new_tokens} tokens"
+        times = step(f"{what}, a new seed each call)", {k: attempt(k, by_model) for k in domains}, args.repeats)
+        for label, text in attempts.items():
+            print(f"  [{label}] last attempt: {len(json.loads(text).get('turns', []))} turns")
+        summary["model_attempt_s"] = {k: statistics.median(v) for k, v in times.items()}
+    return summary
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--bugs", type=int, default=6, help="distinct procedural bugs mutated and verified (timed)")
     parser.add_argument("--docker-image", help="also measure the docker sandbox with this base image")
     parser.add_argument("--model-turns", type=int, default=0, help="also time an embedded-model solver attempt")
+    parser.add_argument("--model-tokens", type=int, default=0, help="cap its new tokens a turn (0: solver default)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -84,13 +160,16 @@ def main() -> None:
         registry_file = folder / "repos.yaml"
         registry_file.write_text(yaml.safe_dump({"repos": [{"name": "six", "path": str(six)}]}))
         registry = Registry.build()
-        options = {"registry": str(registry_file), "preflight_dir": str(folder / "preflight")}
-        options["generator"] = "procedural"
+        options = {"registry": str(registry_file), "generator": "procedural"}
         local = {"time_limit": 120, "memory_mb": 2048, "max_processes": 64, "python_env": str(env)}
-        measure(registry.domain("swe", **options, sandbox="local", sandbox_options=local), "local", args.model_turns)
+        domains = {"local": registry.domain("swe", **options, preflight_dir=str(folder / "preflight-local"),
+                                            sandbox="local", sandbox_options=local)}  # fmt: skip
         if args.docker_image:
             docker = {"base_image": args.docker_image, "disk_gb": None}
-            measure(registry.domain("swe", **options, sandbox="docker", sandbox_options=docker), "docker")
+            domains["docker"] = registry.domain("swe", **options, preflight_dir=str(folder / "preflight-docker"),
+                                                sandbox="docker", sandbox_options=docker)  # fmt: skip
+        print(f"six 1.17.0, sandboxes: {', '.join(domains)}; {args.repeats} repeats a step after a warm-up call")
+        print(json.dumps(measure(domains, args)))
 
 
 if __name__ == "__main__":
