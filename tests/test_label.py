@@ -89,13 +89,22 @@ def test_ctrl_c_stops_the_workers_and_keeps_finished_records(run_dir, one_at_a_t
     labels_path = run_dir / "labels.jsonl"
     command = [str(Path(sys.executable).with_name("propel")), "-q", "label", str(run_dir / "run.yaml"),
                "executor.workers=4"]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # a shell starts a background job with SIGINT ignored, and a child inherits that: give it the default
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (labels_path.exists() and labels_path.read_bytes().count(b"\n")):
         time.sleep(0.05)
+    seen = labels_path.read_bytes().count(b"\n")
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)  # the workers stop: no hang
-    assert process.returncode == 1 and "interrupted; finished records are kept" in stderr
+    written = labels_path.read_bytes().count(b"\n")
+    assert process.returncode == 1 and "interrupted; finished records are kept" in stderr, (
+        f"exit {process.returncode}, {seen} labels when interrupted, {written} at the end; stderr: {stderr[-3000:]}"
+    )
     kept = read_jsonl(labels_path, Label)
     assert 1 <= len(kept) < 6 and all(label in one_at_a_time for label in kept)
     subprocess.run(command, check=True, capture_output=True)
