@@ -21,7 +21,7 @@ def test_builtins_are_ordinary_plugins(plugin_manager):
 
 
 def test_builtins_register_by_kind(registry):
-    assert registry.names("model_backends") == ["openai", "transformers", "vllm"]
+    assert registry.names("model_backends") == ["arithmetic_skill", "openai", "transformers", "vllm"]
     assert registry.names("reward_rules") == REWARD_RULES
     assert "mean_last_50" in registry.names("poolers")
     assert registry.names("probe_architectures") == ["deep_mlp", "linear", "logistic", "mlp"]

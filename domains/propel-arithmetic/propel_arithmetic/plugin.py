@@ -24,6 +24,13 @@ def register_domains(register):
 
 
 @hookimpl
+def register_model_backends(register):
+    from propel_arithmetic.skill import ArithmeticSkill
+
+    register("arithmetic_skill", ArithmeticSkill)
+
+
+@hookimpl
 def register_validity_predicates(register):
     register("arithmetic_well_formed", check_well_formed)
 

@@ -23,6 +23,7 @@ def test_shows_up_in_propel_plugins(registry):
     described = {p["name"]: p for p in registry.describe()}
     assert described["arithmetic"]["registers"] == {
         "domains": ["arithmetic"],
+        "model_backends": ["arithmetic_skill"],
         "validity_predicates": ["arithmetic_well_formed"],
     }
 
@@ -129,3 +130,47 @@ def test_parse_validity_grading_never_raise(text):
     assert isinstance(domain.markers_reached(text), list)
     if task.validity.valid:
         assert domain.grade(task.payload, text).solved in (True, False)
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("3 + 7", 0.95),  # nothing beyond one digit, one operation, no product
+        ("23 + 4", 0.95 * 0.8),  # one extra digit
+        ("7 * 8", 0.95 * 0.55),  # a product
+        ("23 * 45", 0.95 * 0.8**2 * 0.55),
+        ("23 * 45 * 12", 0.95 * 0.8**3 * 0.55**2 * 0.7),  # a second operation
+        ("99 - 12 / 3", 0.95 * 0.8**2 * 0.55 * 0.7),
+    ],
+)
+def test_the_simulated_solver_succeeds_as_its_formula_says(expression, expected):
+    from propel_arithmetic.skill import success_probability
+
+    assert success_probability(expression) == pytest.approx(expected)
+
+
+def test_the_simulated_solver_answers_at_its_rate_and_repeats_itself(registry, domain):
+    """Over many attempts the share of right answers (graded by the domain) is the formula's chance,
+    a seed gives the same answers again, and other seeds give other ones."""
+    from propel_core.config import ModelConfig, Sampling
+
+    backend = registry.backend(ModelConfig(backend="arithmetic_skill"))
+    payloads = [{"expression": "23 * 45"}, {"expression": "3 + 7"}]
+    prompts = [domain.solver_prompt(payload) for payload in payloads]
+    answers = backend.generate(prompts, Sampling(), n=2000, seed=[5, 6])
+    for payload, attempts, chance in zip(payloads, answers, (0.95 * 0.64 * 0.55, 0.95), strict=True):
+        right = sum(domain.grade(payload, attempt).solved for attempt in attempts) / len(attempts)
+        assert right == pytest.approx(chance, abs=0.035)  # about 3 standard errors
+    assert backend.generate(prompts, Sampling(), n=2000, seed=[5, 6]) == answers
+    assert backend.generate(prompts, Sampling(), n=2000, seed=[7, 8]) != answers
+
+
+def test_the_simulated_solver_refuses_what_it_cannot_answer(registry):
+    from propel_core.config import ModelConfig, Sampling
+    from propel_core.errors import PropelError
+
+    backend = registry.backend(ModelConfig(backend="arithmetic_skill"))
+    with pytest.raises(PropelError, match="answers only the arithmetic domain's solver prompt"):
+        backend.generate(["Write a poem."], Sampling())
+    with pytest.raises(PropelError, match="has no hidden states"):
+        backend.hidden_states(["Compute: 3 + 4"], [1], 64)
