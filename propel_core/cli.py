@@ -119,8 +119,11 @@ def demo(ctx: click.Context, run_dir: str, overrides: tuple[str, ...]) -> None:
     _run_demo_stages(run, STAGES)
     table = run.dir / "eval" / "table.md"
     if table.exists():
+        from propel_core.evaluation import evaluation_verdict
+
         click.echo(f"\nbase vs trained, from real solver runs on {run.config.evaluate.num_tasks} tasks per arm:")
         click.echo(table.read_text())
+        click.echo(evaluation_verdict(json.loads((run.dir / "eval" / "metrics.json").read_text())) + "\n")
     click.echo(f"demo finished; the report is {run.dir / 'report.html'}, everything else in {run.dir}/")
 
 

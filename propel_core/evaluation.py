@@ -10,6 +10,7 @@ import random
 import statistics
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 from propel_core.records import Label, Task
 
@@ -127,6 +128,46 @@ def arm_metrics(tasks: list[Task], labels: list[Label], k: int) -> dict:
     return metrics
 
 
+def per_context_utility(tasks: list[Task], labels: list[Label]) -> list[float]:
+    """1.0 where the task is valid and in band, else 0.0, in task-id order: task ``i`` of an arm is
+    written from context ``i``, and every arm of an evaluation writes from the same contexts, so two
+    arms' lists pair up context by context for :func:`paired_comparison`."""
+    in_band = {label.task_id for label in labels if label.utility == 1}
+    return [float(task.validity.valid and task.id in in_band) for task in sorted(tasks, key=lambda t: t.id)]
+
+
+def verdict_sentence(comparisons: dict[str, dict], base: float, utilities: dict[str, float], unit: str) -> str:
+    """One sentence per trained arm: raised, lowered or did not clearly change utility, by whether
+    the 95% interval excludes 0: the t-interval over groups (RL seeds) where the comparison has one,
+    the stricter of the two with only a few seeds, else the paired bootstrap interval."""
+    parts = []
+    for arm, comparison in comparisons.items():
+        low, high = comparison.get("seed_t95") or comparison["ci95"]
+        direction = "raised" if low > 0 else "lowered" if high < 0 else "did not clearly change"
+        kind = f"t-interval over {comparison['groups']} seeds" if comparison.get("seed_t95") else "paired bootstrap"
+        change = comparison["mean_difference"]
+        parts.append(f"{arm} {direction} utility ({base:.3f} -> {utilities[arm]:.3f}, {change:+.3f}, "
+                     f"95% {kind} [{low:+.3f}, {high:+.3f}], {unit})")  # fmt: skip
+    return "Against the base generator, " + "; ".join(parts) + "."
+
+
+def shift_text(comparison: dict | None) -> str:
+    """A comparison as 'mean difference [low, high]' (the bootstrap interval), or '-' for none."""
+    if comparison is None:
+        return "-"
+    low, high = comparison["ci95"]
+    return f"{comparison['mean_difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def evaluation_verdict(results: dict[str, dict]) -> str:
+    """The verdict of ``propel evaluate``'s metrics (``eval/metrics.json``): every trained arm
+    against base, paired over the evaluation's contexts."""
+    utilities = {arm: values["utility"][0] for arm, values in results.items()}
+    comparisons = {arm: values["vs_base"] for arm, values in results.items() if "vs_base" in values}
+    unit = f"paired over {results['base']['generations']} contexts"
+    return verdict_sentence(comparisons, utilities["base"], utilities, unit)
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k estimate from ``n`` attempts of which ``c`` passed: the chance that k
     attempts drawn without replacement from the n include a pass, 1 - C(n - c, k) / C(n, k)."""
@@ -137,18 +178,80 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
-def paired_comparison(ours: Sequence[float], baseline: Sequence[float], resamples: int = 2000, seed: int = 0) -> dict:
-    """Per-prompt paired comparison: wins, losses, ties, the mean difference and its 95% paired
-    bootstrap interval (prompts resampled with replacement, seeded)."""
+#: two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (beyond 30, 30's: a little wide)
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)  # fmt: skip
+
+
+def paired_comparison(
+    ours: Sequence[float], baseline: Sequence[float], groups: Sequence[object] | None = None, resamples: int = 2000,
+    seed: int = 0,
+) -> dict:  # fmt: skip
+    """Paired comparison of two arms' scores on the same prompts: wins, losses, ties, the mean
+    difference and its 95% bootstrap interval (``ci95``, seeded).
+
+    Without ``groups`` the bootstrap resamples prompts with replacement. With ``groups`` (one label
+    per pair, e.g. the RL seed that produced it) it is two-level: each resample draws as many groups
+    as there are, with replacement, then within each drawn group as many of its pairs, with
+    replacement, and takes the mean over all drawn pairs; so the interval also carries the spread
+    between seeds, not only between prompts. With few groups that interval is too narrow (with 3
+    seeds a resample repeats one seed thrice 1 time in 9, so its ends sit near the smallest and
+    largest seed's shift), so two or more groups also give ``seed_t95``: the 95% t-interval of
+    the mean over the groups' own mean differences (each of which already carries its prompts'
+    noise), ``group_means`` and ``groups``.
+    """
     if len(ours) != len(baseline) or not ours:
         raise ValueError(f"need two equally long, non-empty score lists, got {len(ours)} and {len(baseline)}")
     differences = [a - b for a, b in zip(ours, baseline, strict=True)]
+    if groups is not None and len(groups) != len(differences):
+        raise ValueError(f"need one group per pair, got {len(groups)} groups for {len(differences)} pairs")
+    by_group: dict[object, list[float]] = {}
+    for group, difference in zip(groups if groups is not None else [None] * len(differences), differences, strict=True):
+        by_group.setdefault(group, []).append(difference)
+    clusters = list(by_group.values())
     rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(differences, k=len(differences))) for _ in range(resamples))
-    return {
+
+    def resample() -> float:
+        drawn = rng.choices(clusters, k=len(clusters)) if len(clusters) > 1 else clusters
+        return statistics.fmean(d for cluster in drawn for d in rng.choices(cluster, k=len(cluster)))
+
+    means = sorted(resample() for _ in range(resamples))
+    result = {
         "wins": sum(d > 0 for d in differences),
         "losses": sum(d < 0 for d in differences),
         "ties": sum(d == 0 for d in differences),
+        "groups": len(clusters),
         "mean_difference": statistics.fmean(differences),
         "ci95": (means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]),
     }
+    if len(clusters) > 1:
+        group_means = [statistics.fmean(cluster) for cluster in clusters]
+        center = statistics.fmean(group_means)
+        half = T_975[min(len(clusters) - 1, len(T_975)) - 1] * statistics.stdev(group_means) / math.sqrt(len(clusters))
+        result |= {"group_means": group_means, "seed_t95": (center - half, center + half)}
+    return result
+
+
+def histogram_plot(path: Path, results: dict[str, dict], k: int, band) -> None:
+    """Solve-count histograms of every arm (share of labeled tasks), the target band shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(results)
+    for position, (arm, metrics) in enumerate(results.items()):
+        shares = [value for value, _ in metrics["solve_count_shares"]]
+        errors = [se for _, se in metrics["solve_count_shares"]]
+        xs = [count - 0.4 + width * (position + 0.5) for count in range(k + 1)]
+        axis.bar(xs, shares, width, yerr=errors, capsize=2, label=f"{arm} (n={metrics['labeled']})")
+    axis.axvspan(band.band_low * k - 0.5, band.band_high * k + 0.5, color="green", alpha=0.12, label="target band")
+    axis.set_xticks(range(k + 1))
+    axis.set_xlabel(f"solver successes out of {k}")
+    axis.set_ylabel("share of valid tasks")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

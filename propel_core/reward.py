@@ -52,6 +52,7 @@ class RewardScorer:
         self.log_path = log_path
         self.sampler, self.replay = sampler, replay
         self.calls = 0
+        self.solver_attempts = 0  # solver runs of the last call (solver_in_the_loop)
 
     def __call__(
         self, prompts, completions, context_id=None, completion_ids=None, trainer_state=None, prefill=None,
@@ -126,6 +127,7 @@ class RewardScorer:
         valid = [task for task in tasks if task.validity.valid]
         labels = [label_of(task, attempts, self.config.label) for task, attempts in
                   graded_attempts(self.run, valid, self.config.label.k, description="solver in the loop")]  # fmt: skip
+        self.solver_attempts = sum(len(label.attempts) for label in labels)
         return {position[label.task_id]: float(label.utility or 0) for label in labels}  # too few gradable: 0
 
     def probe_scores(self, tasks: list[Task], out: list[dict[str, Any]]) -> None:
@@ -144,7 +146,8 @@ class RewardScorer:
                 out[i]["auxiliary_logit"] = per_probe[1][position]["logit"]
 
     def log(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], replayed: int = 0) -> None:
-        """Reward mean/std, validity rate, degenerate groups (all rewards equal), probe score spread."""
+        """Reward mean/std, validity rate, degenerate groups (all rewards equal), probe score spread,
+        and the solver runs the call spent when the rule reads live solver utility."""
         group = self.config.train.group_size
         groups = [rewards[i : i + group] for i in range(0, len(rewards), group)]
         probabilities = [s["probability"] for s in scores if "probability" in s]
@@ -157,6 +160,8 @@ class RewardScorer:
             "probe_probability_mean": statistics.fmean(probabilities) if probabilities else None,
             "probe_probability_std": statistics.pstdev(probabilities) if probabilities else None,
         }
+        if "solver_utility" in self.needs:
+            entry["solver_attempts"] = self.solver_attempts
         if self.replay is not None:
             entry |= {"replayed": replayed, "replay_admitted": self.replay.admitted}
         if self.sampler is not None and hasattr(self.sampler, "diagnostics"):

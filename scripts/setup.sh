@@ -22,6 +22,11 @@ fi
 if ! command -v dockerd >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get install -y -q docker.io >/dev/null 2>&1 || echo "note: docker.io not installed; the docker sandbox tests will skip" >&2
 fi
+# the report's browser test renders report.html in headless Chromium (it skips where there is none)
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null 2>&1; }; } ||
+        echo "note: chromium not installed; the report's browser test will skip" >&2
+fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 

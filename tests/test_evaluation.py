@@ -118,3 +118,46 @@ def test_paired_comparison():
     assert -0.5 <= low <= 0.375 <= high <= 1.0
     same = paired_comparison([0.3] * 5, [0.3] * 5)
     assert same["ci95"] == (0.0, 0.0) and same["ties"] == 5
+
+
+def test_paired_comparison_over_seeds_by_hand():
+    """Two seeds of one pair each, differences 0 and 1: a two-level resample draws seeds (0, 0),
+    (0, 1), (1, 0) or (1, 1), so its mean is 0, 0.5 or 1 with chances 1/4, 1/2, 1/4, and the 95%
+    interval runs from 0 to 1."""
+    from propel_core.evaluation import paired_comparison
+
+    result = paired_comparison([0.0, 1.0], [0.0, 0.0], groups=["a", "b"], resamples=4000)
+    assert result["ci95"] == (0.0, 1.0) and result["groups"] == 2
+    assert result["mean_difference"] == 0.5
+
+
+def test_paired_comparison_over_seeds_carries_the_spread_between_seeds():
+    """One seed gains on every prompt, the other on none: prompts alone look certain (a narrow
+    interval around 0.5), seeds resampled too show that the gain depends on the seed."""
+    from propel_core.evaluation import paired_comparison
+
+    ours, base = [1.0] * 100 + [0.0] * 100, [0.0] * 200
+    flat = paired_comparison(ours, base)
+    two_level = paired_comparison(ours, base, groups=[0] * 100 + [1] * 100)
+    assert flat["ci95"][0] > 0.35 and flat["ci95"][1] < 0.65
+    assert two_level["ci95"] == (0.0, 1.0)
+    with pytest.raises(ValueError, match="one group per pair"):
+        paired_comparison(ours, base, groups=[0])
+
+
+def test_paired_comparison_over_seeds_gives_a_t_interval_by_hand():
+    """Three seeds whose own mean shifts are 0.1, 0.2 and 0.3: the t-interval is 0.2 -+ t(2 df,
+    97.5%) x sd / sqrt(3) = 0.2 -+ 4.303 x 0.1 / 1.732, and the verdict goes by it."""
+    from propel_core.evaluation import paired_comparison, verdict_sentence
+
+    ours = [0.1, 0.1, 0.2, 0.2, 0.3, 0.3]
+    result = paired_comparison(ours, [0.0] * 6, groups=["a", "a", "b", "b", "c", "c"])
+    assert result["group_means"] == pytest.approx([0.1, 0.2, 0.3])
+    half = 4.303 * 0.1 / 3**0.5
+    assert result["seed_t95"] == pytest.approx((0.2 - half, 0.2 + half))
+    assert result["ci95"][0] > 0  # the bootstrap over three seeds alone would call it a gain
+    sentence = verdict_sentence({"hard": result}, 0.1, {"base": 0.1, "hard": 0.3}, "over 3 seeds")
+    assert (
+        "hard did not clearly change utility" in sentence and "95% t-interval over 3 seeds [-0.048, +0.448]" in sentence
+    )
+    assert "seed_t95" not in paired_comparison(ours, [0.0] * 6)  # one group: no seeds to spread over

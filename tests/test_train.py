@@ -98,14 +98,14 @@ def test_two_grpo_steps_update_the_adapter_and_not_the_reference(trained_run):
     assert any(s["reward_std"] > 0 for s in steps)
 
 
-def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run):
+def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run, tmp_path):
     from propel_core.config import validate_config as validate
 
     data = probed_run.config.model_dump(mode="json") | {"reward": {"rule": "solver_in_the_loop"}}
     data["label"] = {"k": 2}
     data["solver"] = {"sampling": {"max_new_tokens": 16}}
     run = Run(validate(data, probed_run.registry), probed_run.registry, quiet=True)
-    scorer = RewardScorer(run, probes=[])
+    scorer = RewardScorer(run, probes=[], log_path=tmp_path / "reward_log.jsonl")
     prompt = run.domain().generator_prompt(run.domain().contexts()[0])
     completions = [
         [{"role": "assistant", "content": " 24\nNumbers: 3, 8, 8"}],
@@ -113,6 +113,8 @@ def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run):
     ]
     rewards = scorer([prompt] * 2, completions)
     assert rewards[0] in (0.0, 1.0) and rewards[1] == -0.2
+    (entry,) = [json.loads(line) for line in (tmp_path / "reward_log.jsonl").read_text().splitlines()]
+    assert entry["solver_attempts"] == 2  # k attempts at the one valid task; none at the invalid one
     with pytest.raises(Exception, match="reads probe scores, but no probe bundle was given"):
         RewardScorer(probed_run, probes=[])
 
@@ -150,6 +152,15 @@ def evaluated_run(trained_run):
     return run
 
 
+def per_context(folder, arm: str) -> list[float]:
+    """1.0 where context i's task of this arm is valid and labeled in band."""
+    from propel_core.records import Label, Task, read_jsonl
+
+    in_band = {label.task_id for label in read_jsonl(folder / arm / "labels.jsonl", Label) if label.utility == 1}
+    tasks = sorted(read_jsonl(folder / arm / "tasks.jsonl", Task), key=lambda task: task.id)
+    return [float(task.validity.valid and task.id in in_band) for task in tasks]
+
+
 def test_evaluate_compares_base_and_trained_on_the_same_contexts(evaluated_run):
     from propel_core.records import Label, Task, read_jsonl
 
@@ -171,16 +182,27 @@ def test_evaluate_compares_base_and_trained_on_the_same_contexts(evaluated_run):
         for key in ("self_bleu_3", "distinct_3", "top_topic_share"):
             assert key in values
     assert "| utility (in band / all) |" in (folder / "table.md").read_text()
+    shift = metrics["trained"]["vs_base"]  # paired context by context with base
+    base_utility, trained_utility = (per_context(folder, arm) for arm in ("base", "trained"))
+    assert shift["mean_difference"] == pytest.approx(sum(trained_utility) / 6 - sum(base_utility) / 6)
+    assert shift["ci95"][0] <= shift["mean_difference"] <= shift["ci95"][1] and "vs_base" not in metrics["base"]
+    assert "| utility - base (paired 95% CI) | - | " in (folder / "table.md").read_text()
     assert (folder / "solve_counts.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_report_is_one_self_contained_page(evaluated_run):
+def test_report_is_one_self_contained_page_that_leads_with_the_answer(evaluated_run):
     report(evaluated_run)
     page = (evaluated_run.dir / "report.html").read_text()
     for heading in ("Configuration", "Data funnel", "Selected probe", "Training", "Base vs trained", "solve count"):
         assert heading in page
     assert page.count("src='data:image/png;base64,") == 4  # sweep heatmap, reliability, curves, histograms
     assert "src='http" not in page and "not available yet" not in page
+    # the verdict (from 6 paired contexts, flagged as few) comes first, the config last and folded
+    verdict = page.index("<p class='verdict'>Against the base generator, trained ")
+    assert "paired over 6 contexts" in page and "(few contexts: a wide interval)" in page
+    assert verdict < page.index("<h2>Probe quality") < page.index("<h2>Configuration</h2><details>")
+    # held-out metrics name their rows; a handful of rows is flagged
+    assert "on held-out test rows" in page and "rows: too few to tell)" in page
 
 
 def test_report_names_the_stages_still_to_run(planted_run, tmp_path, registry):

@@ -4,7 +4,9 @@ Each arm samples ``evaluate.num_tasks`` tasks from the same contexts with the sa
 trained arm is the generator with the adapter from ``train/``, and the co-evolved one with the adapter
 from ``coevolve/train/`` when it exists); the solver attempts every valid task ``evaluate.k`` times.
 The probe is never used. Per arm ``eval/ARM/tasks.jsonl`` and ``labels.jsonl`` are resumable like
-generate and label; ``metrics.json``, ``table.md`` and ``solve_counts.png`` sum them up.
+generate and label; ``metrics.json``, ``table.md`` and ``solve_counts.png`` sum them up, with each
+trained arm's utility compared with base's context by context (``vs_base``: the mean difference and
+its 95% paired bootstrap interval).
 """
 
 from __future__ import annotations
@@ -12,8 +14,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from propel_core.config import PropelConfig
 from propel_core.errors import PropelError
-from propel_core.evaluation import arm_metrics
+from propel_core.evaluation import (
+    arm_metrics,
+    evaluation_verdict,
+    histogram_plot,
+    paired_comparison,
+    per_context_utility,
+    shift_text,
+)
 from propel_core.execution import draw_contexts, label_tasks, sample_tasks
 from propel_core.run import Run, log
 
@@ -43,20 +53,26 @@ def adapters(run: Run) -> dict[str, Path | None]:
     return arms
 
 
-def evaluate(run: Run) -> None:
-    """Sample, validate and solve tasks from each arm; write metrics, a table and histograms."""
-    config = run.config
-    folder = run.dir / "eval"
-    evaluation = config.model_copy(
+def evaluation_config(config: PropelConfig, shift: int = 0) -> PropelConfig:
+    """The config an evaluation samples and solves with: ``evaluate.num_tasks`` contexts and
+    ``evaluate.k`` attempts, seeded by the run's seed + EVALUATION_SEED_OFFSET + ``shift`` (one
+    evaluation per RL seed shifts by the seed, so each draws its own fresh contexts)."""
+    return config.model_copy(
         update={
-            "seed": config.seed + EVALUATION_SEED_OFFSET,
+            "seed": config.seed + EVALUATION_SEED_OFFSET + shift,
             "generate": config.generate.model_copy(update={"num_tasks": config.evaluate.num_tasks}),
             "label": config.label.model_copy(update={"k": config.evaluate.k}),
         }
     )
-    run = Run(evaluation, run.registry, quiet=run.quiet, _domain=run.domain(), _executor=run._executor)
+
+
+def evaluate(run: Run) -> None:
+    """Sample, validate and solve tasks from each arm; write metrics, a table and histograms."""
+    config = run.config
+    folder = run.dir / "eval"
+    run = Run(evaluation_config(config), run.registry, quiet=run.quiet, _domain=run.domain(), _executor=run._executor)
     contexts = draw_contexts(run)
-    results = {}
+    results, utilities = {}, {}
     for arm, adapter in adapters(run).items():
         model = config.generator.model_copy(update={"adapter": str(adapter) if adapter else None})
         log.info("evaluating arm %s", arm)
@@ -64,11 +80,15 @@ def evaluate(run: Run) -> None:
         valid = [task for task in tasks if task.validity.valid]
         labels = label_tasks(run, valid, folder / arm / "labels.jsonl")
         results[arm] = arm_metrics(tasks, labels, config.evaluate.k)
+        utilities[arm] = per_context_utility(tasks, labels)
+        if arm != "base":  # the same contexts and seeds as base: a paired comparison, context by context
+            results[arm]["vs_base"] = paired_comparison(utilities[arm], utilities["base"], seed=config.seed)
     (folder / "metrics.json").write_text(json.dumps(results, indent=2))
     table_text = table(results)
     (folder / "table.md").write_text(table_text + "\n")
     histogram_plot(folder / "solve_counts.png", results, config.evaluate.k, config.label)
     print(table_text)
+    print(evaluation_verdict(results))
 
 
 def table(results: dict[str, dict]) -> str:
@@ -79,6 +99,8 @@ def table(results: dict[str, dict]) -> str:
         f"{m['generations']} ({m['valid']}, {m['in_band']})" for m in results.values()) + " |")  # fmt: skip
     for key, heading in TABLE:
         lines.append(f"| {heading} | " + " | ".join(_with_se(results[arm][key]) for arm in arms) + " |")
+    shifts = " | ".join(shift_text(results[arm].get("vs_base")) for arm in arms)
+    lines.append(f"| utility - base (paired 95% CI) | {shifts} |")
     lines.append("| solve counts 0..K | " + " | ".join(
         " ".join(map(str, results[arm]["solve_counts"])) for arm in arms) + " |")  # fmt: skip
     return "\n".join(lines)
@@ -86,27 +108,3 @@ def table(results: dict[str, dict]) -> str:
 
 def _with_se(pair: list[float] | tuple[float, float] | None) -> str:
     return "n/a" if pair is None else f"{pair[0]:.3f} ± {pair[1]:.3f}"
-
-
-def histogram_plot(path: Path, results: dict[str, dict], k: int, band) -> None:
-    """Solve-count histograms of every arm (share of labeled tasks), the target band shaded."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(results)
-    for position, (arm, metrics) in enumerate(results.items()):
-        shares = [value for value, _ in metrics["solve_count_shares"]]
-        errors = [se for _, se in metrics["solve_count_shares"]]
-        xs = [count - 0.4 + width * (position + 0.5) for count in range(k + 1)]
-        axis.bar(xs, shares, width, yerr=errors, capsize=2, label=f"{arm} (n={metrics['labeled']})")
-    axis.axvspan(band.band_low * k - 0.5, band.band_high * k + 0.5, color="green", alpha=0.12, label="target band")
-    axis.set_xticks(range(k + 1))
-    axis.set_xlabel(f"solver successes out of {k}")
-    axis.set_ylabel("share of valid tasks")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)

@@ -94,7 +94,8 @@ def probe(run: Run) -> None:
                     f"test_{k}": v for k, v in metrics(y[test], trained.logits(x[test]), solve_rates[test]).items()
                 }
                 result |= {"rvp": rvp(rule, rvp_tasks, rvp_x[cell[0], cell[1]], trained), "epochs": trained.epochs,
-                           "train_rows": len(job.train)}  # fmt: skip
+                           "train_rows": len(job.train), "val_rows": len(val), "test_rows": len(test),
+                           "rvp_rows": len(rvp_x[cell[0], cell[1]])}  # fmt: skip
                 results.setdefault(tuple(cell), []).append(result)
                 kept.setdefault(tuple(cell), (trained, x, val, test))
     cells = []

@@ -1,9 +1,12 @@
 """report: one self-contained HTML page about the run -> ``RUN/report.html``.
 
-Config, data funnel, probe sweep and the selected probe with its reliability diagram, training curves,
-base vs trained, and example tasks from each solve-count bucket. Pictures are embedded as data URIs,
-so the page can be mailed or attached as it is. A section whose stage has not run says which stage
-to run.
+The page leads with the answer: utility per arm with its interval and a one-sentence verdict (from
+the frontier-shift experiment, ``benchmarks/frontier_shift.py``, when the run folder holds one; else
+from ``propel evaluate``). Then the evidence: the probe's quality on held-out rows (and, in an
+experiment, on each arm's own tasks), training curves, solve-count histograms, the data funnel and
+example tasks; the config comes last, folded. Every metric carries the rows it was measured on, and
+one measured on fewer than 30 says so. Pictures are embedded as data URIs, so the page can be mailed
+or attached as it is. A section whose stage has not run says which stage to run.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from propel_core.config import dump_config
+from propel_core.evaluation import evaluation_verdict, shift_text
+from propel_core.experiment import FEW_ROWS, FILE
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run
 
@@ -25,20 +30,38 @@ table { border-collapse: collapse; margin: .5em 0; } td, th { border: 1px solid 
 th { background: #f4f4f4; text-align: left; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
 pre { background: #f7f7f7; padding: .8em; overflow-x: auto; font-size: .85em; }
 img { max-width: 100%; } .missing { color: #a33; } .task { white-space: pre-wrap; font-family: monospace; }
+.verdict { font-size: 1.15em; background: #eef4fa; border-left: 4px solid #2c5d8a; padding: .6em .9em; }
+.few { color: #a33; } summary { cursor: pointer; color: #2c5d8a; }
 """
 
 
 def report(run: Run) -> None:
     """Write one self-contained HTML page on the run -> report.html."""
     root = run.dir
-    sections = [
-        ("Configuration", f"<pre>{html.escape(dump_config(run.config))}</pre>"),
+    experiment = root / "experiment" / FILE
+    if experiment.exists():
+        summary = json.loads(experiment.read_text())
+        folder = experiment.parent
+        sections = [
+            ("Does it work? The frontier-shift experiment", experiment_section(summary, folder)),
+            ("Probe quality", probe_section(root) + probe_on_arms_section(summary)),
+            ("Training, per arm (mean over RL seeds)", image(folder / "curves.png", "training curves per arm")
+             + training_table(summary)),
+            ("Solve counts per arm (pooled over RL seeds)", image(folder / "solve_counts.png", "solve counts")),
+        ]  # fmt: skip
+    else:
+        sections = [
+            ("Does it work? Base vs trained (real solver runs)", headline_section(root)),
+            ("Probe quality", probe_section(root)),
+            ("Training", training_section(root)),
+            ("Solve counts, base vs trained", evaluation_section(root)),
+        ]
+    sections += [
         ("Data funnel", funnel_section(root)),
-        ("Probe", probe_section(root)),
-        ("Training", training_section(root)),
-        ("Base vs trained (real solver runs)", evaluation_section(root)),
         ("Example tasks by solve count", examples_section(root, run.config.label.k)),
-    ]
+        ("Configuration", "<details><summary>the run's resolved config (click to open)</summary>"
+                          f"<pre>{html.escape(dump_config(run.config))}</pre></details>"),
+    ]  # fmt: skip
     body = "".join(f"<h2>{title}</h2>{content}" for title, content in sections)
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>propel report: {html.escape(str(root))}</title>"
@@ -46,6 +69,111 @@ def report(run: Run) -> None:
     )
     (root / "report.html").write_text(page)
     print(f"report: {root / 'report.html'}")
+
+
+def with_n(value: float | None, n: int | float | None, digits: int = 3) -> Markup:
+    """A metric with the rows it was measured on; fewer than FEW_ROWS are flagged."""
+    if value is None:
+        return Markup("n/a")
+    if n is None:
+        return Markup(f"{value:.{digits}g}")
+    flag = f" <span class='few'>(only {int(n)} rows: too few to tell)</span>" if n < FEW_ROWS else ""
+    return Markup(f"{value:.{digits}f} (n={int(n)}){flag}")
+
+
+def headline_section(root: Path) -> str:
+    """Utility per arm with its standard error, each trained arm against base, and the verdict."""
+    path = root / "eval" / "metrics.json"
+    if not path.exists():
+        return missing("evaluate")
+    results = json.loads(path.read_text())
+    rows = [[arm, f"{m['utility'][0]:.3f} ± {m['utility'][1]:.3f}", m["generations"], m["valid"], m["in_band"],
+             shift_text(m.get("vs_base"))] for arm, m in results.items()]  # fmt: skip
+    if not any("vs_base" in m for m in results.values()):
+        return rows_table(["arm", "utility ± SE", "generations", "valid", "in band", "utility - base"], rows)
+    contexts = results["base"]["generations"]
+    sentence = evaluation_verdict(results)
+    few = " <span class='few'>(few contexts: a wide interval)</span>" if contexts < FEW_ROWS else ""
+    return f"<p class='verdict'>{html.escape(sentence)}{few}</p>" + rows_table(
+        ["arm", "utility ± SE", "generations", "valid", "in band", "utility - base (95% CI)"], rows
+    )
+
+
+def experiment_section(summary: dict, folder: Path) -> str:
+    """The headline of the frontier-shift experiment: verdict, table per arm and the Figure 2 bars."""
+    arms, setting = summary["arms"], summary["setting"]
+    seeds = len(setting["seeds"])
+    sentence = summary["verdict"]
+    rows = []
+    for arm, values in arms.items():
+        utility, valid = values["utility"], values["valid_rate"]
+        shift = values.get("vs_base")
+        seed_t = "-" if shift is None else "[{:+.3f}, {:+.3f}]".format(*shift["seed_t95"])
+        rows.append([arm, f"{utility['mean']:.3f} ± {utility['se']:.3f}", shift_text(shift), seed_t,
+                     f"{valid['mean']:.3f} ± {valid['se']:.3f}", sum(values["generations_per_seed"]),
+                     round(values["solver_trials"]["total"]), round(values["wall_seconds"]["total"])])  # fmt: skip
+    header = ["arm", f"utility ± SE ({seeds} seeds)", "utility - base [95% bootstrap, seeds x contexts]",
+              f"[95% t-interval, {seeds} seeds]", "valid rate", "generations", "solver trials", "wall s"]  # fmt: skip
+    diversity = [[arm, _mean_se(values["self_bleu_3"]), _mean_se(values["distinct_3"]),
+                  _mean_se(values["top_topic_share"]), values["top_topic"] or "-"]
+                 for arm, values in arms.items()]  # fmt: skip
+    described = "; ".join(
+        f"{key}: " + (", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else str(value))
+        for key, value in setting.items()
+    )
+    return (
+        f"<p class='verdict'>{html.escape(sentence)}</p>"
+        + rows_table(header, rows)
+        + image(folder / "utility.png", "utility per arm and solver trials per arm")
+        + "<p>Solver trials: offline ones label the probe's corpus once (shared by hard and wco); online ones "
+        "are spent inside RL, per seed. Wall seconds: one training run, plus for the probe arms the corpus "
+        "(generate, label, extract, probe; wco also its second probe). Wall time follows the solver's cost: "
+        f"this one ({html.escape(str(setting.get('solver')))}) answers in microseconds when it is simulated, "
+        "so solver trials are the cost that carries over to real solvers. The standard errors and intervals "
+        "vary the RL seed; the corpus and the probes are the same for every seed.</p>"
+        + rows_table(
+            ["arm", "Self-BLEU-3 (lower = more diverse)", "Distinct-3", "top-topic share", "top topic"], diversity
+        )
+        + f"<p><small>{html.escape(described)}</small></p>"
+    )
+
+
+def _mean_se(value: dict | None) -> str:
+    return "n/a" if value is None else f"{value['mean']:.3f} ± {value['se']:.3f}"
+
+
+def probe_on_arms_section(summary: dict) -> str:
+    """The selected probe on each arm's own solver-labeled tasks: does it still tell them apart, and
+    does its mean probability follow the real in-band rate (a probe the policy exploited does not)?"""
+    rows = []
+    for arm, values in summary["arms"].items():
+        found = values.get("probe_on_tasks")
+        if not found:
+            continue
+        n = found["rows"]
+        rows.append([arm, n, with_n(found.get("mean_probability"), n), with_n(found.get("in_band_rate"), n),
+                     with_n(found.get("auc"), n), with_n(found.get("balanced_accuracy"), n)])  # fmt: skip
+    if not rows:
+        return ""
+    return "<h3>The selected probe on each arm's own tasks</h3>" + rows_table(
+        ["arm", "labeled tasks", "mean probe probability", "real in-band rate", "AUC", "balanced accuracy"], rows
+    )
+
+
+def training_table(summary: dict) -> str:
+    """First and last step of each trained arm's curve: reward, validity, degenerate groups, KL."""
+    rows = []
+    for arm, values in summary["arms"].items():
+        curve = values.get("training") or []
+        for row in curve[:1] + curve[-1:]:
+            rows.append([arm, row["step"] + 1] + [_number(row[key]) for key in
+                        ("reward_mean", "reward_std", "validity_rate", "degenerate_groups", "kl")])  # fmt: skip
+    header = ["arm", "step", "reward mean", "reward std", "validity", "degenerate groups", "KL"]
+    return rows_table(header, rows) if rows else ""
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
 
 
 def missing(stage: str) -> str:
@@ -59,12 +187,14 @@ def image(path: Path, alt: str) -> str:
     return f"<p><img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'></p>"
 
 
+class Markup(str):
+    """HTML this module wrote itself (a metric with its few-rows flag): table cells keep it as it is,
+    while every other text, the model-written tasks above all, is escaped."""
+
+
 def rows_table(header: list[str], rows: list[list[object]]) -> str:
     head = "".join(f"<th>{html.escape(str(cell))}</th>" for cell in header)
-    body = "".join(
-        "<tr>" + "".join(_cell(cell) for cell in row) + "</tr>"
-        for row in rows
-    )  # fmt: skip
+    body = "".join("<tr>" + "".join(_cell(cell) for cell in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -73,7 +203,7 @@ def _cell(cell: object) -> str:
         return f"<td class='n'>{cell:.3f}</td>"
     if isinstance(cell, int):
         return f"<td class='n'>{cell}</td>"
-    return f"<td>{html.escape(str(cell))}</td>"
+    return f"<td>{cell if isinstance(cell, Markup) else html.escape(str(cell))}</td>"
 
 
 def funnel_section(root: Path) -> str:
@@ -96,16 +226,24 @@ def probe_section(root: Path) -> str:
     if not bundle.exists():
         return missing("probe")
     description = json.loads(bundle.read_text())
+    found = description["metrics"]
     chosen = [
         ["cell", f"layer {description['layer']}, {description['pooling']}, {description['architecture']}"],
         ["temperature", description["temperature"]],
         ["training rows", description["training_rows"]],
-    ] + [[name, value] for name, value in sorted(description["metrics"].items())]
+    ]
+    for split, name in (("test", "held-out test rows"), ("val", "validation rows (used for early stopping)")):
+        for metric in ("balanced_accuracy", "auc", "spearman", "ece", "f1"):
+            if f"{split}_{metric}" in found:
+                chosen.append([f"{metric} on {name}", with_n(found[f"{split}_{metric}"], found.get(f"{split}_rows"))])
+    if "rvp" in found:
+        chosen.append(["RVP (variance of the RL reward over base-policy tasks)",
+                       with_n(found["rvp"], found.get("rvp_rows"), digits=4)])  # fmt: skip
     return (
-        image(root / "probes" / "sweep_heatmap.png", "probe sweep heatmap")
-        + "<h3>Selected probe</h3>"
+        "<h3>Selected probe</h3>"
         + rows_table(["", ""], chosen)
         + image(root / "probes" / "reliability.png", "reliability diagram")
+        + image(root / "probes" / "sweep_heatmap.png", "probe sweep heatmap")
     )
 
 
