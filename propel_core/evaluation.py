@@ -138,8 +138,8 @@ def per_context_utility(tasks: list[Task], labels: list[Label]) -> list[float]:
 
 def verdict_sentence(comparisons: dict[str, dict], base: float, utilities: dict[str, float], unit: str) -> str:
     """One sentence per trained arm: raised, lowered or did not clearly change utility, by whether
-    the 95% interval excludes 0: the t-interval over groups (RL seeds) where the comparison has one,
-    the stricter of the two with only a few seeds, else the paired bootstrap interval."""
+    the 95% interval excludes 0: the t-interval over groups (RL seeds) where the comparison has one
+    (with few seeds the two-level bootstrap is too narrow), else the paired bootstrap interval."""
     parts = []
     for arm, comparison in comparisons.items():
         low, high = comparison.get("seed_t95") or comparison["ci95"]
