@@ -36,8 +36,14 @@ PLAIN = (
 
 
 def load(code: str, cache: str, *argv: str) -> None:
-    subprocess.run([sys.executable, "-c", code, *argv], check=True, capture_output=True, stdin=subprocess.DEVNULL,
-                   start_new_session=True, env={**os.environ, "PROPEL_CACHE": cache})  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        check=True,
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "PROPEL_CACHE": cache},
+    )
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ Compares, over the same texts in the same batches (the extract stage's: sorted b
 reference's default batch size), each arm tokenizing its batches itself:
 1. peer: plain transformers, the decoder stack alone (``model.base_model``, no LM head, no hidden
    states kept, no pooling);
-2. extract at full depth: the extract stage's own ``pooled_activations`` at the last layer, with the
+2. extract at full depth: ``propel_core.activations.pooled_activations`` at the last layer, with the
    ``mean_last_50`` pooler and the turn vector, as the stage runs it; target >= 0.9x the peer's rate;
 3. extract truncated at the middle layer L of N; target: cost <= 1.2 x L/N of the full-depth pass.
 
@@ -23,16 +23,56 @@ import argparse
 import torch
 from timing import compare, ratio, report
 
+from propel_core.activations import pooled_activations
 from propel_core.config import ModelConfig, validate_config
 from propel_core.execution import job_seed, task_id
 from propel_core.plugins import Registry
-from propel_core.stages.extract import pooled_activations
 from propel_math.pools import BUILTIN_POOLS, builtin_pool
 
 #: tokens of 40 math tasks (``Problem: ...``) the embedded model wrote at the default generator settings
 #: (the math domain's prompt, parse and render; all 40 parsed), recorded as ``--generate`` writes them
-LENGTHS = [94, 152, 84, 71, 67, 73, 491, 27, 148, 47, 22, 62, 155, 196, 76, 77, 46, 34, 513, 46,
-           30, 61, 24, 127, 18, 19, 33, 42, 46, 54, 72, 107, 115, 125, 135, 141, 145, 190, 219, 233]  # fmt: skip
+LENGTHS = [
+    94,
+    152,
+    84,
+    71,
+    67,
+    73,
+    491,
+    27,
+    148,
+    47,
+    22,
+    62,
+    155,
+    196,
+    76,
+    77,
+    46,
+    34,
+    513,
+    46,
+    30,
+    61,
+    24,
+    127,
+    18,
+    19,
+    33,
+    42,
+    46,
+    54,
+    72,
+    107,
+    115,
+    125,
+    135,
+    141,
+    145,
+    190,
+    219,
+    233,
+]
 
 
 def generated_texts(registry, backend, count: int) -> list[str]:
@@ -102,16 +142,24 @@ def main() -> None:
         f"extract at layer {middle}",
     )
     times = compare({peer: bare, full: extract(n_layers), truncated: extract(middle)}, repeats=args.repeats, warmup=1)
-    print(f"{source}: {tokens} tokens, per text min {counts[0]} / median {counts[len(counts) // 2]} / max "
-          f"{counts[-1]}; batches of {reference.batch_size}; {torch.get_num_threads()} threads")  # fmt: skip
-    report(f"extraction vs a plain forward pass, {n_layers}-layer embedded model", times, baseline=peer,
-           per=(tokens, "tokens"))  # fmt: skip
+    print(
+        f"{source}: {tokens} tokens, per text min {counts[0]} / median {counts[len(counts) // 2]} / max "
+        f"{counts[-1]}; batches of {reference.batch_size}; {torch.get_num_threads()} threads"
+    )
+    report(
+        f"extraction vs a plain forward pass, {n_layers}-layer embedded model",
+        times,
+        baseline=peer,
+        per=(tokens, "tokens"),
+    )
     low, mid = ratio(times, peer, full)
     print(f"extract at full depth vs the peer: {low:.2f}x (min), {mid:.2f}x (median) its rate (target >= 0.9x)")
     low, mid = ratio(times, truncated, full)
     share = middle / n_layers
-    print(f"extract at layer {middle}: cost {low:.2f} (min), {mid:.2f} (median) of full depth; L/N = "
-          f"{share:.2f}, target <= {1.2 * share:.2f}")  # fmt: skip
+    print(
+        f"extract at layer {middle}: cost {low:.2f} (min), {mid:.2f} (median) of full depth; L/N = "
+        f"{share:.2f}, target <= {1.2 * share:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -30,44 +30,38 @@ import logging
 import sys
 from pathlib import Path
 
-from propel_core.config import load_config
 from propel_core.errors import PropelError
-from propel_core.execution import draw_contexts, label_tasks, sample_tasks
+from propel_core.evaluation import evaluation_seed
+from propel_core.execution import sample_and_label, solver_labels
 from propel_core.experiment import ARMS, FILE, Timings, figures, summarize
-from propel_core.plugins import Registry
+from propel_core.probes import ensemble_probes, load_probe
 from propel_core.records import Label, Task, iter_jsonl
-from propel_core.run import Run
+from propel_core.run import Run, start_run
 from propel_core.stages import STAGES, report
-from propel_core.stages.coevolve import ensemble
-from propel_core.stages.evaluate import evaluation_config
-from propel_core.stages.train import train_generator
+from propel_core.training import train_generator
 
 log = logging.getLogger("propel")
 
 
-def arm_run(run: Run, seed: int, rule: str, probes: list[Path]) -> Run:
-    """The run a trained arm trains in: the experiment's config with the arm's rule and RL seed."""
+def train_arm(run: Run, seed: int, rule: str, probes: list[Path], folder: Path) -> None:
+    """Train one arm: the experiment's config with the arm's reward rule (and ensemble members) and
+    RL seed; the solver-in-the-loop arm's live labels are seeded by the RL seed too."""
     config = run.config
     reward = config.reward.model_copy(update={"rule": rule, "probes": [str(p) for p in probes]})
-    return Run(config.model_copy(update={"seed": seed, "reward": reward}), run.registry, quiet=run.quiet,
-               _domain=run.domain(), _executor=run._executor)  # fmt: skip
+    solve = solver_labels(run, config.solver, config.label, seed, "solver in the loop")
+    train_generator(run, folder, config.generator, config.train, reward, seed, solve)
 
 
-def evaluation_run(run: Run, seed: int) -> Run:
-    """The run an RL seed's arms are evaluated in: the evaluate stage's settings (fresh contexts and
-    generation seeds, ``evaluate.num_tasks`` of them, ``evaluate.k`` attempts), shifted by the seed."""
-    return Run(evaluation_config(run.config, seed), run.registry, quiet=run.quiet, _domain=run.domain(),
-               _executor=run._executor)  # fmt: skip
-
-
-def evaluate_arm(run: Run, contexts, adapter: Path | None, folder: Path, probe) -> None:
-    """Sample and solve one arm's tasks into ``folder``; keep the probe's logit of each labeled task
+def evaluate_arm(run: Run, contexts, adapter: Path | None, folder: Path, seed: int, probe) -> None:
+    """Sample and solve one arm's tasks into ``folder`` with the evaluate stage's settings (K =
+    ``evaluate.k``, the evaluation seed ``seed``); keep the probe's logit of each labeled task
     (``probe_logits.json``) for the diagnostics, never for the verdict."""
-    model = run.config.generator.model_copy(update={"adapter": str(adapter) if adapter else None})
-    tasks = sample_tasks(run, model, contexts, folder / "tasks.jsonl")
-    valid = [task for task in tasks if task.validity.valid]
-    labels = [label for label in label_tasks(run, valid, folder / "labels.jsonl") if label.utility is not None]
-    text = {task.id: task.text for task in valid}
+    config = run.config
+    label = config.label.model_copy(update={"k": config.evaluate.k})
+    generator = config.generator.with_adapter(adapter)
+    tasks, labels = sample_and_label(run, generator, contexts, folder, config.solver, label, seed)
+    labels = [label for label in labels if label.utility is not None]
+    text = {task.id: task.text for task in tasks}
     scores = probe.score([text[label.task_id] for label in labels]) if labels else []
     logits = {label.task_id: score["logit"] for label, score in zip(labels, scores, strict=True)}
     (folder / "probe_logits.json").write_text(json.dumps(logits))
@@ -114,9 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     args = parser.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
-    registry = Registry.build()
-    run = Run(load_config([args.config], args.overrides, registry), registry, quiet=args.quiet)
-    run.save_config()
+    run = start_run([args.config], args.overrides, args.quiet)
     root = run.dir / "experiment"
     seeds = list(range(args.seeds))
     timings = Timings(root / "timings.json", run.config.model_dump(mode="json"))
@@ -124,28 +116,29 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("generate", "label", "extract", "probe"):
         timings.run(("corpus", name), lambda name=name: STAGES[name](run))
     members = root / "ensemble"
-    timings.run(("corpus", "ensemble"), lambda: ensemble(run, members))
+    ensemble_seeds = range(run.config.seed + 1, run.config.seed + run.config.coevolve.ensemble_size)
+    work = lambda: ensemble_probes(run.registry, run.dir, run.config.probe, ensemble_seeds, members)  # noqa: E731
+    timings.run(("corpus", "ensemble"), work)
     extra = sorted(members.glob("seed-*"))
 
     for seed in seeds:
         for arm, rule in ARMS.items():
             if rule is not None:
-                trained = arm_run(run, seed, rule, extra if arm == "wco" else [])
                 folder = root / arm / f"seed-{seed}"
                 log.info("== train %s, RL seed %d -> %s", arm, seed, folder)
-                timings.run(("train", arm, str(seed)), lambda r=trained, f=folder: train_generator(r, f))
+                probes = extra if arm == "wco" else []
+                work = lambda s=seed, r=rule, p=probes, f=folder: train_arm(run, s, r, p, f)  # noqa: E731
+                timings.run(("train", arm, str(seed)), work)
 
-    from propel_core.probes import load_probe
-
-    probe = load_probe(run.dir / "probes" / "selected", registry)
+    probe = load_probe(run.dir / "probes" / "selected", run.registry)
     for seed in seeds:
-        evaluation = evaluation_run(run, seed)
-        contexts = draw_contexts(evaluation)
+        evaluation = evaluation_seed(run.config.seed, seed)
+        contexts = run.context_sampler(evaluation).sample(run.config.evaluate.num_tasks)
         for arm, rule in ARMS.items():
             adapter = None if rule is None else root / arm / f"seed-{seed}" / "adapter"
             folder = root / "eval" / f"seed-{seed}" / arm
             log.info("== evaluate %s, RL seed %d -> %s", arm, seed, folder)
-            work = lambda e=evaluation, c=contexts, a=adapter, f=folder: evaluate_arm(e, c, a, f, probe)  # noqa: E731
+            work = lambda c=contexts, a=adapter, f=folder, e=evaluation: evaluate_arm(run, c, a, f, e, probe)  # noqa: E731
             timings.run(("eval", arm, str(seed)), work)
 
     summary = summarize(root, seeds, run.config.evaluate.k, setting(run, seeds), timings.data)

@@ -33,7 +33,7 @@ from timing import compare, ratio, report
 from propel_core.config import validate_config
 from propel_core.domain import make_task
 from propel_core.plugins import Registry
-from propel_core.records import JsonlWriter, Label, read_jsonl
+from propel_core.records import JsonlWriter, Label, iter_jsonl
 from propel_core.run import Run
 from propel_core.stages.label import label
 
@@ -66,16 +66,24 @@ def main() -> None:
 
     prompts = [domain.solver_prompt({"expression": expression}) for expression in expressions[:8]]
     backend.tokenizer.padding_side = "left"
-    batch = backend.tokenizer([backend.prompt_text(p) for p in prompts], return_tensors="pt", padding=True,
-                              add_special_tokens=False).to(backend.device)  # fmt: skip
+    batch = backend.tokenizer(
+        [backend.prompt_text(p) for p in prompts], return_tensors="pt", padding=True, add_special_tokens=False
+    ).to(backend.device)
     texts = {}
 
     def peer():
         torch.manual_seed(0)
         with torch.inference_mode():
-            backend.model.generate(**batch, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                   top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens,
-                                   num_return_sequences=k, pad_token_id=backend.tokenizer.pad_token_id)  # fmt: skip
+            backend.model.generate(
+                **batch,
+                do_sample=True,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                max_new_tokens=sampling.max_new_tokens,
+                num_return_sequences=k,
+                pad_token_id=backend.tokenizer.pad_token_id,
+            )
 
     def propel(share: bool):
         def call():
@@ -87,8 +95,13 @@ def main() -> None:
     times = compare({PEER: peer, BEFORE: propel(False), OURS: propel(True)}, repeats=args.repeats)
     assert texts[False] == texts[True], "sharing the prompt pass changed what was sampled"
     print(f"(prompt: {batch['input_ids'].shape[1]} tokens at most; the propel arms sampled identical texts)")
-    report(f"one solver call: {len(prompts)} arithmetic tasks x K={k} attempts, up to {sampling.max_new_tokens} "
-           "new tokens", times, baseline=BEFORE, per=(len(prompts) * k, "attempts"))  # fmt: skip
+    report(
+        f"one solver call: {len(prompts)} arithmetic tasks x K={k} attempts, up to {sampling.max_new_tokens} "
+        "new tokens",
+        times,
+        baseline=BEFORE,
+        per=(len(prompts) * k, "attempts"),
+    )
     print("  propel vs peer: {:.2f}x min, {:.2f}x median".format(*ratio(times, PEER, OURS)))
 
     if args.skip_stage:
@@ -103,14 +116,18 @@ def main() -> None:
             write_tasks(folder, run.domain(), expressions[: args.tasks])
             with contextlib.redirect_stdout(io.StringIO()):  # the stage's summary
                 label(run)
-            labels[share] = sorted(read_jsonl(folder / "labels.jsonl", Label), key=lambda x: x.task_id)
+            labels[share] = sorted(list(iter_jsonl(folder / "labels.jsonl", Label)), key=lambda x: x.task_id)
 
         return call
 
     times = compare({BEFORE: stage(False), OURS: stage(True)}, repeats=args.repeats, warmup=0)
     assert labels[False] == labels[True], "sharing the prompt pass changed the labels"
-    report(f"the label stage: {args.tasks} arithmetic tasks x K={k}, demo settings (the same labels from both)",
-           times, baseline=BEFORE, per=(args.tasks * k, "attempts"))  # fmt: skip
+    report(
+        f"the label stage: {args.tasks} arithmetic tasks x K={k}, demo settings (the same labels from both)",
+        times,
+        baseline=BEFORE,
+        per=(args.tasks * k, "attempts"),
+    )
 
 
 def write_tasks(folder: Path, domain, expressions: list[str]) -> None:

@@ -34,7 +34,7 @@ from timing import compare, ratio, report
 from propel_core import hookimpl
 from propel_core.config import DomainConfig, ModelConfig, Sampling, load_config, validate_config
 from propel_core.embedded import cache_dir
-from propel_core.execution import Attempt, Episode, Worker, draw_contexts, job_seed, sample_tasks, task_id
+from propel_core.execution import Attempt, Episode, Worker, job_seed, sample_tasks, task_id
 from propel_core.plugins import Registry, get_plugin_manager
 from propel_core.run import Run
 from propel_core.testing import serving_embedded_model
@@ -88,10 +88,14 @@ def swe_options(folder: Path) -> dict:
     repo = git_checkout(Path(shutil.copytree(TINY, folder / "tinystats")))
     env = python_environment(cache_dir() / "swe" / "test-env", ["pytest"])
     (folder / "repos.yaml").write_text(yaml.safe_dump({"repos": [{"name": "tinystats", "path": str(repo)}]}))
-    return {"registry": str(folder / "repos.yaml"), "preflight_dir": str(folder / "preflight"),
-            "generator": "procedural", "solver_max_turns": 3, "solver_budget": 300,
-            "sandbox_options": {"time_limit": 60, "memory_mb": 2048, "max_processes": 64,
-                                "python_env": str(env)}}  # fmt: skip
+    return {
+        "registry": str(folder / "repos.yaml"),
+        "preflight_dir": str(folder / "preflight"),
+        "generator": "procedural",
+        "solver_max_turns": 3,
+        "solver_budget": 300,
+        "sandbox_options": {"time_limit": 60, "memory_mb": 2048, "max_processes": 64, "python_env": str(env)},
+    }
 
 
 def valid_bugs(registry, options: dict, count: int):
@@ -99,8 +103,9 @@ def valid_bugs(registry, options: dict, count: int):
     worker = Worker(DomainConfig(name="swe", options=options), ModelConfig(), Sampling(), registry, domain)
     contexts = domain.episode_contexts([domain.contexts()[0]] * 4 * count, 0)  # mutants 0, 1, ... as a run numbers them
     episodes = [Episode(task_id(i), context, job_seed(0, task_id(i))) for i, context in enumerate(contexts)]
-    tasks = sorted((task for _, task in LocalExecutor(2).run(worker, episodes) if task.validity.valid),
-                   key=lambda task: task.id)  # fmt: skip
+    tasks = sorted(
+        (task for _, task in LocalExecutor(2).run(worker, episodes) if task.validity.valid), key=lambda task: task.id
+    )
     return domain, tasks[:count]
 
 
@@ -109,31 +114,49 @@ def attempts_of(tasks, k: int):
 
 
 def sandbox_bound(registry, options, domain, tasks, repeats: int) -> None:
-    worker = Worker(DomainConfig(name="swe", options=options), ModelConfig(backend="scripted"), Sampling(),
-                    registry, domain)  # fmt: skip
+    worker = Worker(
+        DomainConfig(name="swe", options=options), ModelConfig(backend="scripted"), Sampling(), registry, domain
+    )
     jobs = attempts_of(tasks, 2)
     arms = {f"{w} worker(s)": executor_arm(worker, jobs, w) for w in (1, 2, 4)}
     times = compare(arms, repeats=repeats, warmup=1)
-    report(f"1. sandbox-bound: {len(jobs)} scripted SWE solver attempts (suite run + grading), local executor at "
-           "1, 2 and 4 workers", times, baseline="1 worker(s)", per=(len(jobs), "attempts"))  # fmt: skip
+    report(
+        f"1. sandbox-bound: {len(jobs)} scripted SWE solver attempts (suite run + grading), local executor at "
+        "1, 2 and 4 workers",
+        times,
+        baseline="1 worker(s)",
+        per=(len(jobs), "attempts"),
+    )
     for w in (2, 4):
         low, mid = ratio(times, "1 worker(s)", f"{w} worker(s)")
-        print(f"  {w} workers vs 1: {low:.2f}x (min), {mid:.2f}x (median); parallel efficiency {mid / w:.0%} "
-              f"(median, on {os.cpu_count()} cores)")  # fmt: skip
+        print(
+            f"  {w} workers vs 1: {low:.2f}x (min), {mid:.2f}x (median); parallel efficiency {mid / w:.0%} "
+            f"(median, on {os.cpu_count()} cores)"
+        )
 
 
 def in_process(registry, options, domain, tasks, repeats: int) -> None:
     # 32 new tokens a turn, not the solver's default 1,024: 8 episodes x 3 turns at 1,024 tokens would take
     # most of an hour a repeat on 2 CPU cores; batching pays per step, so the ratio holds at any length
-    worker = Worker(DomainConfig(name="swe", options=options), ModelConfig(batch_size=8),
-                    Sampling(temperature=0.7, top_p=0.95, max_new_tokens=32), registry, domain)  # fmt: skip
+    worker = Worker(
+        DomainConfig(name="swe", options=options),
+        ModelConfig(batch_size=8),
+        Sampling(temperature=0.7, top_p=0.95, max_new_tokens=32),
+        registry,
+        domain,
+    )
     jobs = attempts_of(tasks, 8 // len(tasks))[:8]
     one, batched = "one at a time, 1 worker (peer: plain one-at-a-time HF generation)", "batched turns, 8 workers"
     calls: dict[str, int] = {}
     arms = {one: executor_arm(worker, jobs, 1, calls, one), batched: executor_arm(worker, jobs, 8, calls, batched)}
     times = compare(arms, repeats=repeats, warmup=1)  # the warm-up round loads the model
-    report(f"2. in-process model: {len(jobs)} SWE solver episodes by the embedded model (3 turns at most, 32 new "
-           "tokens a turn)", times, baseline=one, per=(len(jobs), "episodes"))  # fmt: skip
+    report(
+        f"2. in-process model: {len(jobs)} SWE solver episodes by the embedded model (3 turns at most, 32 new "
+        "tokens a turn)",
+        times,
+        baseline=one,
+        per=(len(jobs), "episodes"),
+    )
     low, mid = ratio(times, one, batched)
     print(f"  generate calls: {calls}; batched vs one at a time: {low:.2f}x (min), {mid:.2f}x (median) (target >= 3x)")
 
@@ -141,26 +164,40 @@ def in_process(registry, options, domain, tasks, repeats: int) -> None:
 def served(tmp: Path, repeats: int) -> None:
     # the demo config's arithmetic tasks, written by the embedded generator through the generate code,
     # and its solver sampling (16 new tokens): the quick start's label stage, served
-    demo = load_config(ROOT / "propel_core" / "configs" / "demo.yaml", [f"run_dir={tmp / 'written'}",
-                                                                        "generate.num_tasks=32"])  # fmt: skip
+    demo = load_config(
+        ROOT / "propel_core" / "configs" / "demo.yaml", [f"run_dir={tmp / 'written'}", "generate.num_tasks=32"]
+    )
     writer = Run(demo, Registry.build(), quiet=True)
-    written = sample_tasks(writer, demo.generator, draw_contexts(writer), writer.dir / "tasks.jsonl")
+    contexts = writer.context_sampler(demo.seed).sample(demo.generate.num_tasks)
+    written = sample_tasks(writer, demo.generator, contexts, writer.dir / "tasks.jsonl", demo.seed)
     tasks = [task for task in written if task.validity.valid][:8]
     print(f"  ({len(tasks)} valid of {len(written)} arithmetic tasks written by the embedded generator)")
     with serving_embedded_model() as (url, model):
-        solver = {"backend": "openai", "model": model, "base_url": url, "server_extensions": False,
-                  "max_concurrency": 8, "sampling": demo.solver.sampling.model_dump()}  # fmt: skip
+        solver = {
+            "backend": "openai",
+            "model": model,
+            "base_url": url,
+            "server_extensions": False,
+            "max_concurrency": 8,
+            "sampling": demo.solver.sampling.model_dump(),
+        }
         registry = Registry.build()
-        run = Run(validate_config({"run_dir": str(tmp / "served"), "domain": {"name": "arithmetic"},
-                                   "solver": solver}, registry), registry, quiet=True)  # fmt: skip
+        run = Run(
+            validate_config(
+                {"run_dir": str(tmp / "served"), "domain": {"name": "arithmetic"}, "solver": solver}, registry
+            ),
+            registry,
+            quiet=True,
+        )
         domain = run.domain()
         worker = Worker(run.config.domain, run.config.solver, run.config.solver.sampling, registry, domain)
         jobs = attempts_of(tasks, 4)
         arms = {f"{w} request(s) in flight": executor_arm(worker, jobs, w) for w in (1, 8)}
         times = compare(arms, repeats=repeats, warmup=1)
         what = f"3. served model: {len(jobs)} arithmetic attempts (16 new tokens) through `transformers serve`"
-        report(f"{what}, 1 vs 8 requests in flight", times, baseline="1 request(s) in flight",
-               per=(len(jobs), "attempts"))  # fmt: skip
+        report(
+            f"{what}, 1 vs 8 requests in flight", times, baseline="1 request(s) in flight", per=(len(jobs), "attempts")
+        )
         low, mid = ratio(times, "1 request(s) in flight", "8 request(s) in flight")
         print(f"  8 in flight vs 1: {low:.2f}x (min), {mid:.2f}x (median)")
 
@@ -185,10 +222,16 @@ def ray_overhead(registry, options, repeats: int) -> None:
             name: (lambda executor=executor: list(executor.run(worker, jobs))) for name, executor in executors.items()
         }
         times = compare(arms, repeats=repeats, warmup=1)  # the warm-up round starts Ray's worker processes
-        print(f"  autogroups (CPU shares): this process {autogroup(os.getpid())}, Ray's processes "
-              f"{sorted({autogroup(p.pid) for p in psutil.Process().children(recursive=True)})}")  # fmt: skip
-        report(f"4. Ray: {len(jobs)} procedural SWE bugs (mutation + verification), 4 workers in all", times,
-               baseline=local, per=(len(jobs), "episodes"))  # fmt: skip
+        print(
+            f"  autogroups (CPU shares): this process {autogroup(os.getpid())}, Ray's processes "
+            f"{sorted({autogroup(p.pid) for p in psutil.Process().children(recursive=True)})}"
+        )
+        report(
+            f"4. Ray: {len(jobs)} procedural SWE bugs (mutation + verification), 4 workers in all",
+            times,
+            baseline=local,
+            per=(len(jobs), "episodes"),
+        )
         low, mid = ratio(times, on_ray, local)
         print(
             f"  ray vs local: {low:.2f}x (min), {mid:.2f}x (median) the time; overhead {mid - 1:+.0%} (median; "

@@ -28,13 +28,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from timing import compare, report
 
+from propel_core.activations import activation_file, pooled_activations
 from propel_core.config import ModelConfig, ProbeConfig, validate_config
 from propel_core.plugins import Registry
-from propel_core.probes import ProbeJob, balanced_accuracy, train_probe, train_probes
+from propel_core.probes import ProbeJob, balanced_accuracy, splits, train_probe, train_probes
 from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity
 from propel_core.run import Run
-from propel_core.stages.extract import activation_file, pooled_activations
-from propel_core.stages.probe import probe, splits
+from propel_core.stages.probe import probe
 
 ROWS, SEED = 5000, 0
 LAYERS = [3, 7, 11, 15, 19, 23, 27, 29]
@@ -96,13 +96,17 @@ def main() -> None:
     config = ProbeConfig(layers=LAYERS, poolings=POOLINGS, architectures=ARCHITECTURES)
     ((train, val, test),) = splits(y, [], "downsample", "random", config, SEED)
     kept = len(train) + len(val) + len(test)
-    print(f"{ROWS} tasks, {int(y.sum())} positive; downsampled to {kept} rows: {len(train)} train, "
-          f"{len(val)} validation, {len(test)} test; {torch.get_num_threads()} threads")  # fmt: skip
+    print(
+        f"{ROWS} tasks, {int(y.sum())} positive; downsampled to {kept} rows: {len(train)} train, "
+        f"{len(val)} validation, {len(test)} test; {torch.get_num_threads()} threads"
+    )
     factories = {name: registry.get("probe_architectures", name) for name in ARCHITECTURES}
 
     def one_at_a_time(cells=matrices):
-        return {key: [train_probe(factories[name], x, y, train, val, config, False, SEED) for name in ARCHITECTURES]
-                for key, x in cells.items()}  # fmt: skip
+        return {
+            key: [train_probe(factories[name], x, y, train, val, config, False, SEED) for name in ARCHITECTURES]
+            for key, x in cells.items()
+        }
 
     def stacked(cells=matrices, seed=SEED):
         """One call for every head of the sweep, as the probe stage makes it."""
@@ -123,9 +127,13 @@ def main() -> None:
     arms = {"one head at a time (before)": one_at_a_time, "stacked (train_probes)": stacked}
     times = compare({name: keep(name, arm) for name, arm in arms.items()}, repeats=repeats, warmup=0)
     cells = len(matrices) * len(ARCHITECTURES)
-    report(f"{cells}-cell sweep ({len(LAYERS)} layers x {len(POOLINGS)} poolings x {', '.join(ARCHITECTURES)}), "
-           f"{len(train)} training rows of 576 features each; target: stacked < 120 s", times,
-           baseline="one head at a time (before)", per=(cells, "cells"))  # fmt: skip
+    report(
+        f"{cells}-cell sweep ({len(LAYERS)} layers x {len(POOLINGS)} poolings x {', '.join(ARCHITECTURES)}), "
+        f"{len(train)} training rows of 576 features each; target: stacked < 120 s",
+        times,
+        baseline="one head at a time (before)",
+        per=(cells, "cells"),
+    )
     results["seed 1"] = stacked(seed=SEED + 1)  # seed noise, the scale "unchanged" is judged on
     accuracy_table(results, matrices, y, test, train, registry)
     linear_cell(matrices, y, train, val, test, config, factories["linear"], registry)
@@ -188,12 +196,19 @@ def linear_cell(matrices, y, train, val, test, config, linear, registry) -> None
         fitted = train_probes([job], y, config)[0]
         scores["logistic architecture (propel)"] = fitted.logits(x)
 
-    arms = {"scikit-learn LogisticRegression (peer)": peer, "linear, one at a time (before)": alone,
-            "linear, stacked (train_probes)": together, "logistic architecture (propel)": ours_logistic}  # fmt: skip
+    arms = {
+        "scikit-learn LogisticRegression (peer)": peer,
+        "linear, one at a time (before)": alone,
+        "linear, stacked (train_probes)": together,
+        "logistic architecture (propel)": ours_logistic,
+    }
     times = compare(arms, repeats=5)
     print()
-    report(f"one linear cell (layer 15, mean_full), {len(train)} training rows", times,
-           baseline="scikit-learn LogisticRegression (peer)")  # fmt: skip
+    report(
+        f"one linear cell (layer 15, mean_full), {len(train)} training rows",
+        times,
+        baseline="scikit-learn LogisticRegression (peer)",
+    )
     for name, logits in scores.items():
         print(f"  {name}: test balanced accuracy {balanced_accuracy(y[test], logits[test] > 0):.3f}")
 
@@ -208,8 +223,18 @@ def whole_stage(tasks, y, matrices, registry) -> None:
         ):
             for i, puzzle in enumerate(tasks):
                 task_id = f"t{i:05d}"
-                out_tasks.write(Task(id=task_id, domain="countdown", context_id=f"c{i % 64}", generation="",
-                                     text="x", payload=puzzle, validity=Validity.ok(), generator="m"))  # fmt: skip
+                out_tasks.write(
+                    Task(
+                        id=task_id,
+                        domain="countdown",
+                        context_id=f"c{i % 64}",
+                        generation="",
+                        text="x",
+                        payload=puzzle,
+                        validity=Validity.ok(),
+                        generator="m",
+                    )
+                )
                 attempts = [SolverAttempt(text="", solved=j < 2 * int(y[i])) for j in range(8)]
                 out_labels.write(Label.from_attempts(task_id, attempts, (1 / 8, 3 / 8), 1))
         folder = run_dir / "activations"

@@ -33,7 +33,7 @@ from timing import compare, ratio, report
 
 from propel_core.config import validate_config
 from propel_core.embedded import EMBEDDED_MODEL_ID
-from propel_core.execution import draw_contexts, sample_tasks
+from propel_core.execution import sample_tasks, solver_labels
 from propel_core.plugins import Registry
 from propel_core.probes import TrainedProbe, load_probe, save_bundle
 from propel_core.records import ProbeBundle
@@ -54,34 +54,57 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         head = registry.get("probe_architectures", "linear")(576)
-        save_bundle(folder / "probe", TrainedProbe(head, torch.zeros(576), torch.ones(576), epochs=0),
-                    ProbeBundle(reference_model=EMBEDDED_MODEL_ID, layer=LAYER, pooling="last_token",
-                                architecture="linear", input_dim=576, max_length=2048, training_rows=0))  # fmt: skip
-        base = {"run_dir": str(folder), "domain": {"name": args.domain}, "label": {"k": K},
-                "generate": {"num_tasks": args.tasks}}  # fmt: skip
+        save_bundle(
+            folder / "probe",
+            TrainedProbe(head, torch.zeros(576), torch.ones(576), epochs=0),
+            ProbeBundle(
+                reference_model=EMBEDDED_MODEL_ID,
+                layer=LAYER,
+                pooling="last_token",
+                architecture="linear",
+                input_dim=576,
+                max_length=2048,
+                training_rows=0,
+            ),
+        )
+        base = {
+            "run_dir": str(folder),
+            "domain": {"name": args.domain},
+            "label": {"k": K},
+            "generate": {"num_tasks": args.tasks},
+        }
         runs = {"probe": Run(validate_config(base | {"reward": {"rule": "hard"}}, registry), registry, quiet=True)}
-        runs["sil"] = Run(validate_config(base | {"reward": {"rule": "solver_in_the_loop"}}, registry), registry,
-                          quiet=True)  # fmt: skip
+        runs["sil"] = Run(
+            validate_config(base | {"reward": {"rule": "solver_in_the_loop"}}, registry), registry, quiet=True
+        )
         if args.capped_tokens:
-            capped = base | {"reward": {"rule": "solver_in_the_loop"},
-                             "solver": {"sampling": {"max_new_tokens": args.capped_tokens}}}  # fmt: skip
+            capped = base | {
+                "reward": {"rule": "solver_in_the_loop"},
+                "solver": {"sampling": {"max_new_tokens": args.capped_tokens}},
+            }
             runs["capped"] = Run(validate_config(capped, registry), registry, quiet=True)
 
         generator = runs["probe"]
-        tasks = sample_tasks(generator, generator.config.generator, draw_contexts(generator), folder / "tasks.jsonl")
+        config = generator.config
+        contexts = generator.context_sampler(config.seed).sample(config.generate.num_tasks)
+        tasks = sample_tasks(generator, config.generator, contexts, folder / "tasks.jsonl", config.seed)
         domain = generator.domain()
         contexts = {context.id: context for context in domain.contexts()}
         prompts = [domain.generator_prompt(contexts[task.context_id]) for task in tasks]
-        completions = [[{"role": "assistant", "content": task.generation.removeprefix(prompt[-1]["content"])}]
-                       for task, prompt in zip(tasks, prompts, strict=True)]  # fmt: skip
+        completions = [
+            [{"role": "assistant", "content": task.generation.removeprefix(prompt[-1]["content"])}]
+            for task, prompt in zip(tasks, prompts, strict=True)
+        ]
         ids = [task.context_id for task in tasks]
         valid = sum(task.validity.valid for task in tasks)
         if not valid:
-            raise SystemExit(f"none of the {len(tasks)} generated tasks is valid, so the solver would run on "
-                             "nothing: rerun with more --tasks")  # fmt: skip
+            raise SystemExit(
+                f"none of the {len(tasks)} generated tasks is valid, so the solver would run on "
+                "nothing: rerun with more --tasks"
+            )
 
-        scorers = {"probe": RewardScorer(runs["probe"], [load_probe(folder / "probe", registry)])}
-        scorers |= {name: RewardScorer(run, []) for name, run in runs.items() if name != "probe"}
+        scorers = {"probe": scorer(runs["probe"], [load_probe(folder / "probe", registry)])}
+        scorers |= {name: scorer(run, []) for name, run in runs.items() if name != "probe"}
         rewards: dict[str, list[float]] = {}
 
         def arm(name: str):
@@ -91,9 +114,11 @@ def main() -> None:
             return call
 
         solver = runs["sil"].config.solver.sampling
-        names = {"probe": "probe reward (hard), one reference forward",
-                 "sil": f"solver in the loop, K={K}, default solver ({solver.max_new_tokens} new tokens)",
-                 "capped": f"solver in the loop, K={K}, capped at {args.capped_tokens} new tokens"}  # fmt: skip
+        names = {
+            "probe": "probe reward (hard), one reference forward",
+            "sil": f"solver in the loop, K={K}, default solver ({solver.max_new_tokens} new tokens)",
+            "capped": f"solver in the loop, K={K}, capped at {args.capped_tokens} new tokens",
+        }
         # warm-up: the probe call loads the shared embedded model; one solver-in-the-loop call on a valid
         # task runs the solver path (executor, sampling, grading) once before anything is timed
         arm("probe")()
@@ -101,20 +126,44 @@ def main() -> None:
         scorers["sil"](prompts[one : one + 1], completions[one : one + 1], context_id=ids[one : one + 1])
         times = compare({names[name]: arm(name) for name in runs}, repeats=args.repeats, warmup=0)
 
-    print(f"{len(tasks)} {args.domain} tasks generated by the embedded model (default generator sampling), "
-          f"{valid} valid; "
-          f"embedded model as the probe's reference and as the solver; {torch.get_num_threads()} threads")  # fmt: skip
-    report("reward wall time per call of the scorer (one GRPO reward batch)", times, baseline=names["probe"],
-           per=(len(tasks), "tasks"))  # fmt: skip
+    print(
+        f"{len(tasks)} {args.domain} tasks generated by the embedded model (default generator sampling), "
+        f"{valid} valid; "
+        f"embedded model as the probe's reference and as the solver; {torch.get_num_threads()} threads"
+    )
+    report(
+        "reward wall time per call of the scorer (one GRPO reward batch)",
+        times,
+        baseline=names["probe"],
+        per=(len(tasks), "tasks"),
+    )
     for name in runs:
         if name != "probe":
             low, mid = ratio(times, names[name], names["probe"])
-            print(f"probe reward vs {names[name]}: {low:.0f}x (min), {mid:.0f}x (median) cheaper per task "
-                  f"(target >= 100x); last call's rewards {rewards[name]}")  # fmt: skip
+            print(
+                f"probe reward vs {names[name]}: {low:.0f}x (min), {mid:.0f}x (median) cheaper per task "
+                f"(target >= 100x); last call's rewards {rewards[name]}"
+            )
     for name, seconds in times.items():
-        print(f"  {name}: {statistics.median(seconds) / len(tasks):.3f} s per generated task, "
-              f"{statistics.median(seconds) / valid:.3f} s per valid task (medians)")  # fmt: skip
+        print(
+            f"  {name}: {statistics.median(seconds) / len(tasks):.3f} s per generated task, "
+            f"{statistics.median(seconds) / valid:.3f} s per valid task (medians)"
+        )
 
 
 if __name__ == "__main__":
     main()
+
+
+def scorer(run: Run, probes: list) -> RewardScorer:
+    """The reward function the train stage would give GRPO under the run's config."""
+    config = run.config
+    return RewardScorer(
+        run.domain(),
+        run.registry.reward_rule(config.reward.rule, config.reward),
+        probes,
+        overflow_reward=config.reward.overflow_reward,
+        max_completion_length=config.train.max_completion_length,
+        group_size=config.train.group_size,
+        solve=solver_labels(run, config.solver, config.label, config.seed),
+    )

@@ -49,8 +49,14 @@ def main() -> None:
 
         def bare() -> None:
             for folder in folders:
-                subprocess.run([BASE_PYTHON, "-S", "-B", "main.py"], cwd=folder, check=True, capture_output=True,
-                               start_new_session=True, stdin=subprocess.DEVNULL)  # fmt: skip
+                subprocess.run(
+                    [BASE_PYTHON, "-S", "-B", "main.py"],
+                    cwd=folder,
+                    check=True,
+                    capture_output=True,
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                )
                 json.loads((folder / "result.json").read_text())
 
         def sandboxed() -> None:

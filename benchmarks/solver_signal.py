@@ -64,18 +64,24 @@ def main() -> None:
     columns = ("tasks", "halves rho", "band agree", "chance", "kappa", "rho(size)", "in band", "s")
     print(f"{'solver':32} " + " ".join(f"{column:>10}" for column in columns))
     for name, solver in SOLVERS.items():
-        config = {"run_dir": tempfile.mkdtemp(), "seed": 0, "domain": {"name": "arithmetic"}, "solver": solver,
-                  "executor": {"workers": 64}}  # fmt: skip
+        config = {
+            "run_dir": tempfile.mkdtemp(),
+            "seed": 0,
+            "domain": {"name": "arithmetic"},
+            "solver": solver,
+            "executor": {"workers": 64},
+        }
         run = Run(validate_config(config, registry), registry, quiet=True)
         domain = run.domain()
         predicates = {n: run.component("validity_predicates", n) for n in domain.validity_predicates}
-        tasks = [make_task(f"e{i:03d}", domain, context, f"Compute: {example}", "domain examples", predicates)
-                 for i, (context, example) in enumerate((c, e) for c in domain.contexts()
-                                                        for e in c.data["examples"])]  # fmt: skip
+        tasks = [
+            make_task(f"e{i:03d}", domain, context, f"Compute: {example}", "domain examples", predicates)
+            for i, (context, example) in enumerate((c, e) for c in domain.contexts() for e in c.data["examples"])
+        ]
         tasks = [task for task in tasks if task.validity.valid]
         start = time.perf_counter()
         counts = {}
-        for task, attempts in graded_attempts(run, tasks, 2 * args.k, description=name):
+        for task, attempts in graded_attempts(run, tasks, 2 * args.k, run.config.solver, 0, description=name):
             solved = [bool(a.solved) for a in attempts]
             counts[task.id] = (sum(solved[: args.k]), sum(solved[args.k :]))
         seconds = time.perf_counter() - start

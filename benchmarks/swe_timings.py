@@ -79,8 +79,11 @@ def measure(domains: dict, args) -> dict:
 
         return run
 
-    times = step("verification of a procedural bug (a new bug each call)", {k: verify(k) for k in domains},
-                 len(payloads["local"]) - 1)  # fmt: skip
+    times = step(
+        "verification of a procedural bug (a new bug each call)",
+        {k: verify(k) for k in domains},
+        len(payloads["local"]) - 1,
+    )
     summary["verification_median_s"] = {k: statistics.median(v) for k, v in times.items()}
     for label, found in verdicts.items():
         print(f"  [{label}] valid: {sum(found)} of {len(found)} bugs")
@@ -95,8 +98,11 @@ def measure(domains: dict, args) -> dict:
         print("no valid bug among the first 40 mutants: no solver timings")
         return summary
 
-    times = step("verification of one valid bug, again", {k: (lambda d=d: d.verify(dict(valid))) for k, d in
-                                                           domains.items()}, args.repeats)  # fmt: skip
+    times = step(
+        "verification of one valid bug, again",
+        {k: (lambda d=d: d.verify(dict(valid))) for k, d in domains.items()},
+        args.repeats,
+    )
     revert = f"```bash\ncat > /tmp/bug.diff <<'PATCH'\n{valid['diff']}PATCH\ngit apply -R /tmp/bug.diff\n```"
     attempts: dict[str, str] = {}
 
@@ -110,8 +116,11 @@ def measure(domains: dict, args) -> dict:
         replies = iter([revert, "```submit\n```"])
         return lambda messages: next(replies)
 
-    times = step("solver attempt: a scripted solver reverts the bug (2 turns)",
-                 {k: attempt(k, scripted) for k in domains}, args.repeats)  # fmt: skip
+    times = step(
+        "solver attempt: a scripted solver reverts the bug (2 turns)",
+        {k: attempt(k, scripted) for k in domains},
+        args.repeats,
+    )
     summary["solver_attempt_s"] = {k: statistics.median(v) for k, v in times.items()}
     solved: dict[str, object] = {}
 
@@ -162,12 +171,20 @@ def main() -> None:
         registry = Registry.build()
         options = {"registry": str(registry_file), "generator": "procedural"}
         local = {"time_limit": 120, "memory_mb": 2048, "max_processes": 64, "python_env": str(env)}
-        domains = {"local": registry.domain("swe", **options, preflight_dir=str(folder / "preflight-local"),
-                                            sandbox="local", sandbox_options=local)}  # fmt: skip
+        domains = {
+            "local": registry.domain(
+                "swe", **options, preflight_dir=str(folder / "preflight-local"), sandbox="local", sandbox_options=local
+            )
+        }
         if args.docker_image:
             docker = {"base_image": args.docker_image, "disk_gb": None}
-            domains["docker"] = registry.domain("swe", **options, preflight_dir=str(folder / "preflight-docker"),
-                                                sandbox="docker", sandbox_options=docker)  # fmt: skip
+            domains["docker"] = registry.domain(
+                "swe",
+                **options,
+                preflight_dir=str(folder / "preflight-docker"),
+                sandbox="docker",
+                sandbox_options=docker,
+            )
         print(f"six 1.17.0, sandboxes: {', '.join(domains)}; {args.repeats} repeats a step after a warm-up call")
         print(json.dumps(measure(domains, args)))
 

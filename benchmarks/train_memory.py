@@ -44,7 +44,7 @@ def main() -> None:
     import trl  # noqa: F401
     from transformers import TrainerCallback
 
-    train_stage = importlib.import_module("propel_core.stages.train")  # the package's `train` is the stage function
+    from propel_core import reward, training
     from propel_core.config import load_config
     from propel_core.embedded import EMBEDDED_MODEL_ID
     from propel_core.plugins import Registry
@@ -68,9 +68,9 @@ def main() -> None:
         return sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
 
     reference = "the probe's frozen reference model loaded"
-    train_stage.load_probe = measured(reference, train_stage.load_probe, lambda p: parameter_bytes(p.backend.model))
-    train_stage.load_policy = measured(
-        "the policy (generator) loaded", train_stage.load_policy, lambda loaded: parameter_bytes(loaded[1])
+    reward.load_probe = measured(reference, reward.load_probe, lambda p: parameter_bytes(p.backend.model))
+    training.load_policy = measured(
+        "the policy (generator) loaded", training.load_policy, lambda loaded: parameter_bytes(loaded[1])
     )
 
     class Steps(TrainerCallback):
@@ -83,8 +83,8 @@ def main() -> None:
         sampler.start()
         saving(trainer, folder)
 
-    saving = train_stage.train_and_save
-    train_stage.train_and_save = train_and_save
+    saving = training.train_and_save
+    training.train_and_save = train_and_save
 
     phases: list[str] = []  # the running phases, innermost last
     peaks: dict[str, float] = {}
@@ -123,12 +123,23 @@ def main() -> None:
 
     registry = Registry.build()
     with tempfile.TemporaryDirectory() as tmp:
-        demo = Path(train_stage.__file__).parent.parent / "configs" / "demo.yaml"
+        demo = Path(training.__file__).parent / "configs" / "demo.yaml"
         config = load_config(demo, [f"run_dir={tmp}", f"train.steps={steps}"], registry)
         head = registry.get("probe_architectures", "linear")(576)
-        save_bundle(Path(tmp) / "probes" / "selected", TrainedProbe(head, torch.zeros(576), torch.ones(576), 0),
-                    ProbeBundle(reference_model=EMBEDDED_MODEL_ID, layer=15, pooling="last_token",
-                                architecture="linear", input_dim=576, max_length=2048, training_rows=0))  # fmt: skip
+        save_bundle(
+            Path(tmp) / "probes" / "selected",
+            TrainedProbe(head, torch.zeros(576), torch.ones(576), 0),
+            ProbeBundle(
+                reference_model=EMBEDDED_MODEL_ID,
+                layer=15,
+                pooling="last_token",
+                architecture="linear",
+                input_dim=576,
+                max_length=2048,
+                training_rows=0,
+            ),
+        )
+        train_stage = importlib.import_module("propel_core.stages.train")  # the package's `train` is the stage
         train_stage.train(Run(config, registry, quiet=True))
         sampling.set()
     mark("train stage returned")

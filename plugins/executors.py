@@ -129,8 +129,13 @@ class LocalExecutor:
         pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="propel-job")
         running: dict[Future, Job] = {}
         try:
-            for job, future in keep_busy(self, jobs, running, lambda job: pool.submit(one, job),
-                                         lambda futures: wait(futures, return_when=FIRST_COMPLETED)[0]):  # fmt: skip
+            for job, future in keep_busy(
+                self,
+                jobs,
+                running,
+                lambda job: pool.submit(one, job),
+                lambda futures: wait(futures, return_when=FIRST_COMPLETED)[0],
+            ):
                 yield job, future.result()
         finally:
             self.in_flight = 0
@@ -174,9 +179,13 @@ class RayExecutor:
     by Ray up to ``max_retries`` times, with the same seed. An error raised by a job stops the run."""
 
     def __init__(
-        self, workers: int = 8, address: str | None = None, resources: dict[str, float] | None = None,
-        num_cpus: float = 1, max_retries: int = 3,
-    ):  # fmt: skip
+        self,
+        workers: int = 8,
+        address: str | None = None,
+        resources: dict[str, float] | None = None,
+        num_cpus: float = 1,
+        max_retries: int = 3,
+    ):
         try:
             import ray
         except ImportError:
@@ -202,8 +211,13 @@ class RayExecutor:
         shipped = ray.put(worker)
         running: dict[Any, Job] = {}
         try:
-            for job, ref in keep_busy(self, jobs, running, lambda job: self.remote.remote(shipped, job),
-                                      lambda refs: ray.wait(refs, num_returns=1)[0]):  # fmt: skip
+            for job, ref in keep_busy(
+                self,
+                jobs,
+                running,
+                lambda job: self.remote.remote(shipped, job),
+                lambda refs: ray.wait(refs, num_returns=1)[0],
+            ):
                 yield job, ray.get(ref)
         finally:
             self.in_flight = 0

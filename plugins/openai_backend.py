@@ -2,7 +2,8 @@
 hosted API) as a generator, solver or oracle.
 
 Requests run concurrently (``max_concurrency``); a rate limit (429), a server error (5xx) or a broken
-connection is retried ``max_retries`` times with exponential backoff; any other error stops with the
+connection is retried ``max_retries`` times, after the wait the server asks for (``Retry-After``, in
+seconds or as a date, at most MAX_WAIT) or else with exponential backoff; any other error stops with the
 server's message. A server that returns fewer choices than ``n`` is asked again for the rest (with
 other seeds); one that returns none stops the run, so a label never holds fewer than K attempts.
 vLLM's and SGLang's request extensions (``top_k``, continuing a prefilled assistant message) are sent
@@ -78,8 +79,13 @@ class OpenAIBackend:
 
     def _request(self, prompt: Prompt, sampling: Sampling, n: int, seed: int | None) -> list[str]:
         extensions = self.config.server_extensions
-        body: dict[str, Any] = {"model": self.model_id, "n": n, "max_tokens": sampling.max_new_tokens,
-                                "temperature": sampling.temperature, "top_p": sampling.top_p}  # fmt: skip
+        body: dict[str, Any] = {
+            "model": self.model_id,
+            "n": n,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+        }
         if sampling.top_k and extensions:
             body["top_k"] = sampling.top_k
         if seed is not None:
@@ -108,6 +114,7 @@ class OpenAIBackend:
             headers["Authorization"] = f"Bearer {self.api_key}"
         request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers)
         for attempt in range(self.config.max_retries + 1):
+            wait = backoff(attempt)
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     choices = json.loads(response.read())["choices"]
@@ -122,8 +129,36 @@ class OpenAIBackend:
                     ) from None
                 if exc.code not in RETRIED or attempt == self.config.max_retries:
                     raise PropelError(f"{self.url}{path} answered {exc.code}: {detail}") from None
+                wait = retry_after(exc.headers.get("Retry-After")) if exc.headers else None
+                wait = backoff(attempt) if wait is None else wait
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
                 if attempt == self.config.max_retries:
                     raise PropelError(f"cannot reach {self.url}{path}: {exc}") from None
-            time.sleep(min(30.0, 0.5 * 2**attempt))
+            time.sleep(wait)
         raise AssertionError("unreachable")
+
+
+#: the longest wait a ``Retry-After`` header gets honoured with
+MAX_WAIT = 300.0
+
+
+def backoff(attempt: int) -> float:
+    """The wait before retry ``attempt + 1`` when the server names none: 0.5 s doubling, at most 30 s."""
+    return min(30.0, 0.5 * 2**attempt)
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """The seconds a ``Retry-After`` header asks for (delay seconds or an HTTP date), at most
+    MAX_WAIT; None when there is no header or it cannot be read."""
+    from email.utils import parsedate_to_datetime
+
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(MAX_WAIT, float(value))
+    try:
+        when = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return min(MAX_WAIT, max(0.0, when - (time.time() if now is None else now)))

@@ -137,8 +137,12 @@ class ProgressSampler:
 
     def diagnostics(self) -> dict:
         """Bucket probabilities next to the empirical prior, and the last update's degenerate-group rate."""
-        return {"bucket_probabilities": self.probabilities(), "data_prior": self.data,
-                "buckets_with_data": len(self.short), "degenerate_groups": self.degenerate_rate}  # fmt: skip
+        return {
+            "bucket_probabilities": self.probabilities(),
+            "data_prior": self.data,
+            "buckets_with_data": len(self.short),
+            "degenerate_groups": self.degenerate_rate,
+        }
 
 
 def _bucket(context: Context, buckets: str | int, seed: int) -> str:

@@ -196,8 +196,14 @@ class LocalSandbox:
             for parent in reversed(Path(prefix).parents[:-1]):  # traversable even where the host's is not
                 mounts += ["--perms", "0755", "--dir", str(parent)]
             mounts += ["--ro-bind", prefix, prefix]
-        env = {"PATH": f"{self.python_env}/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}  # fmt: skip
+        env = {
+            "PATH": f"{self.python_env}/bin:/usr/bin:/bin",
+            "HOME": "/tmp",
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONNOUSERSITE": "1",
+        }
         time_limit = time_limit or self.time_limit
         argv = self._isolated(mounts, cwd, env, ["/bin/bash", "-c", command], cell.uid, time_limit)
         return self._execute(argv, {"PATH": "/usr/bin:/bin"}, cell, time_limit, read_result=False)

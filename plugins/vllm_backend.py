@@ -30,8 +30,12 @@ class VLLMBackend:
             ) from None
         self.config = model
         self.model_id = model.model_id
-        self.llm = LLM(model=resolve_model(model.model), revision=model.revision, dtype=model.dtype,
-                       enable_lora=model.adapter is not None)  # fmt: skip
+        self.llm = LLM(
+            model=resolve_model(model.model),
+            revision=model.revision,
+            dtype=model.dtype,
+            enable_lora=model.adapter is not None,
+        )
         self.lora = None
         if model.adapter:
             from vllm.lora.request import LoRARequest
@@ -68,9 +72,14 @@ class VLLMBackend:
             if not chosen:
                 continue
             conversations = [as_messages(prompts[i]) for i in chosen]
-            outputs = self.llm.chat(conversations, [params[i] for i in chosen], use_tqdm=False,
-                                    add_generation_prompt=not continuing, continue_final_message=continuing,
-                                    lora_request=self.lora)  # fmt: skip
+            outputs = self.llm.chat(
+                conversations,
+                [params[i] for i in chosen],
+                use_tqdm=False,
+                add_generation_prompt=not continuing,
+                continue_final_message=continuing,
+                lora_request=self.lora,
+            )
             for i, output in zip(chosen, outputs, strict=True):
                 results[i] = [completion.text for completion in output.outputs]
         return results

@@ -52,7 +52,7 @@ def plugins(as_json: bool) -> None:
     """List installed plugins, their versions and what each registers."""
     from propel_core.plugins import Registry
 
-    described = Registry.build().describe()
+    described = Registry.build(PLUGIN_MANAGER).describe()
     if as_json:
         click.echo(json.dumps({"plugins": described}, indent=2))
         return
@@ -62,15 +62,15 @@ def plugins(as_json: bool) -> None:
             click.echo(f"  {kind.replace('_', ' ')}: {', '.join(names)}")
 
 
-def _start(ctx: click.Context, config: tuple[str, ...], overrides: tuple[str, ...]):
-    from propel_core.config import load_config
+def start(ctx: click.Context, config: tuple[str, ...] | list[str], overrides: tuple[str, ...] | list[str] = ()):
+    """The run a command works in, built as the core's verbs build theirs: the config files merged with
+    the overrides, the registry from this invocation's plugin manager, ``-q`` honoured, the resolved
+    config saved. Plugin commands (``register_commands``) call it with their click context."""
     from propel_core.plugins import Registry
-    from propel_core.run import Run
+    from propel_core.run import start_run
 
-    registry = Registry.build()
-    run = Run(load_config(list(config), list(overrides), registry), registry, quiet=ctx.obj["quiet"])
+    run = start_run(list(config), list(overrides), ctx.obj["quiet"], Registry.build(PLUGIN_MANAGER))
     ctx.obj["run_dir"] = run.dir  # named by an error writing a file whose path the OS does not give
-    run.save_config()
     return run
 
 
@@ -103,7 +103,7 @@ def run(ctx: click.Context, config: str, overrides: tuple[str, ...]) -> None:
     """Run every stage in order on CONFIG, with key=value OVERRIDES."""
     from propel_core.stages import STAGES
 
-    _run_stages(_start(ctx, (config,), overrides), STAGES)
+    _run_stages(start(ctx, (config,), overrides), STAGES)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -115,7 +115,7 @@ def demo(ctx: click.Context, run_dir: str, overrides: tuple[str, ...]) -> None:
     from propel_core.stages import STAGES
 
     with_dir = (f"run_dir={Path(run_dir)}", *overrides)
-    run = _start(ctx, (str(DEMO_CONFIG),), with_dir)
+    run = start(ctx, (str(DEMO_CONFIG),), with_dir)
     _run_demo_stages(run, STAGES)
     table = run.dir / "eval" / "table.md"
     if table.exists():
@@ -132,7 +132,7 @@ def _stage_command(name: str, stage) -> click.Command:
     @click.argument("overrides", nargs=-1)
     @click.pass_context
     def command(ctx: click.Context, config: str, overrides: tuple[str, ...]) -> None:
-        _run_stages(_start(ctx, (config,), overrides), [name])
+        _run_stages(start(ctx, (config,), overrides), [name])
 
     command.__doc__ = f"{(stage.__doc__ or '').strip()}\n\nReads CONFIG with key=value OVERRIDES."
     return click.command(name, context_settings={"ignore_unknown_options": True})(command)
@@ -146,14 +146,18 @@ def _add_stage_commands() -> None:
         cli.add_command(_stage_command(name, stage))
 
 
-def _add_plugin_commands() -> None:
+def _plugin_manager():
+    """The one plugin manager of this invocation: it adds the plugins' commands now and gives every
+    registry the invocation builds."""
     from propel_core.plugins import get_plugin_manager
 
-    get_plugin_manager().hook.register_commands(cli=cli)
+    manager = get_plugin_manager()
+    manager.hook.register_commands(cli=cli)
+    return manager
 
 
 _add_stage_commands()
-_add_plugin_commands()
+PLUGIN_MANAGER = _plugin_manager()
 
 
 def main() -> None:

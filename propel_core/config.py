@@ -89,6 +89,10 @@ class ModelConfig(Section):
 
         return (self.model or EMBEDDED_MODEL_ID) + (f"+{self.adapter}" if self.adapter else "")
 
+    def with_adapter(self, adapter: str | Path | None) -> ModelConfig:
+        """This model with the LoRA adapter at ``adapter`` applied (None: the base model)."""
+        return self.model_copy(update={"adapter": str(adapter) if adapter else None})
+
     server_extensions: bool = Field(
         True, description="send vLLM/SGLang request fields (top_k, continue_final_message); false for other servers"
     )
@@ -125,7 +129,6 @@ class LabelConfig(Section):
     band_low: float = Field(1 / 8, ge=0.0, le=1.0, description="a: lowest in-band solve rate")
     band_high: float = Field(3 / 8, ge=0.0, le=1.0, description="b: highest in-band solve rate")
     min_valid_attempts: int = Field(1, gt=0, description="fewer gradable attempts leave utility unknown")
-    balance: Literal["downsample", "weighted"] = "downsample"
 
     @model_validator(mode="after")
     def _band_in_order(self) -> LabelConfig:

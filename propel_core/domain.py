@@ -132,8 +132,9 @@ def make_task(
     try:
         payload = domain.parse(generation)
         step = "render"
-        task = Task(**fields, payload=payload, text=domain.render(payload), topic=domain.topic(payload),
-                    validity=Validity.ok())  # fmt: skip
+        task = Task(
+            **fields, payload=payload, text=domain.render(payload), topic=domain.topic(payload), validity=Validity.ok()
+        )
         for step in domain.validity_predicates:
             validity = predicates[step](task, domain)
             if not validity.valid:

@@ -14,6 +14,16 @@ from pathlib import Path
 
 from propel_core.records import Label, Task
 
+#: an evaluation draws its contexts and sampling seeds from the run's seed plus this, so the base arm
+#: writes fresh tasks rather than repeating the labeled corpus (every arm shares them)
+EVALUATION_SEED_OFFSET = 1_000_003
+
+
+def evaluation_seed(seed: int, shift: int = 0) -> int:
+    """The seed an evaluation of a run seeded ``seed`` samples and solves with; one evaluation per RL
+    seed shifts it by that seed, so each draws its own fresh contexts."""
+    return seed + EVALUATION_SEED_OFFSET + shift
+
 
 def ngrams(tokens: Sequence[str], n: int) -> Counter:
     return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
@@ -146,8 +156,10 @@ def verdict_sentence(comparisons: dict[str, dict], base: float, utilities: dict[
         direction = "raised" if low > 0 else "lowered" if high < 0 else "did not clearly change"
         kind = f"t-interval over {comparison['groups']} seeds" if comparison.get("seed_t95") else "paired bootstrap"
         change = comparison["mean_difference"]
-        parts.append(f"{arm} {direction} utility ({base:.3f} -> {utilities[arm]:.3f}, {change:+.3f}, "
-                     f"95% {kind} [{low:+.3f}, {high:+.3f}], {unit})")  # fmt: skip
+        parts.append(
+            f"{arm} {direction} utility ({base:.3f} -> {utilities[arm]:.3f}, {change:+.3f}, "
+            f"95% {kind} [{low:+.3f}, {high:+.3f}], {unit})"
+        )
     return "Against the base generator, " + "; ".join(parts) + "."
 
 
@@ -179,15 +191,47 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 #: two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (beyond 30, 30's: a little wide)
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)  # fmt: skip
+T_975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def paired_comparison(
-    ours: Sequence[float], baseline: Sequence[float], groups: Sequence[object] | None = None, resamples: int = 2000,
+    ours: Sequence[float],
+    baseline: Sequence[float],
+    groups: Sequence[object] | None = None,
+    resamples: int = 2000,
     seed: int = 0,
-) -> dict:  # fmt: skip
+) -> dict:
     """Paired comparison of two arms' scores on the same prompts: wins, losses, ties, the mean
     difference and its 95% bootstrap interval (``ci95``, seeded).
 

@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from propel_core.backend import prefill
 from propel_core.config import DomainConfig, LabelConfig, ModelConfig, Sampling
@@ -86,9 +86,13 @@ class Worker:
     """
 
     def __init__(
-        self, domain: DomainConfig, model: ModelConfig, sampling: Sampling, registry: Registry | None = None,
+        self,
+        domain: DomainConfig,
+        model: ModelConfig,
+        sampling: Sampling,
+        registry: Registry | None = None,
         built_domain: Any = None,
-    ):  # fmt: skip
+    ):
         self.domain_config, self.model, self.sampling = domain, model, sampling
         self._registry, self._domain = registry, built_domain
 
@@ -146,17 +150,6 @@ def no_model(prompts, sampling, n=1, seed=None) -> list[list[str]]:
     raise PropelError("the domain's generator uses no model (uses_generator_model is False), yet its episode asked it")
 
 
-class Executor(Protocol):
-    """What ``register_executors`` components return: something that runs jobs somewhere."""
-
-    #: jobs started and not yet finished, for progress displays
-    in_flight: int
-
-    def run(self, worker: Worker, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
-        """Run every job with ``worker`` and yield ``(job, result)`` as each one finishes, in any order.
-        Leaving the iterator early (an error, Ctrl-C) stops the jobs still running or queued."""
-
-
 class AttemptRecord(Record):
     """One finished attempt, journaled before its task's label is complete."""
 
@@ -171,16 +164,21 @@ def journal_path(path: Path) -> Path:
 
 
 def graded_attempts(
-    run: Run, tasks: list[Task], k: int, model: ModelConfig | None = None, journal: Path | None = None,
+    run: Run,
+    tasks: list[Task],
+    k: int,
+    model: ModelConfig,
+    seed: int,
+    journal: Path | None = None,
     description: str = "solve",
-) -> Iterator[tuple[Task, list[SolverAttempt]]]:  # fmt: skip
-    """K graded solver attempts at every task, yielded per task once all K are done (tasks in any
-    order, attempts in index order). ``model`` replaces the configured solver (an adapter, say).
+) -> Iterator[tuple[Task, list[SolverAttempt]]]:
+    """K graded attempts at every task by the solver ``model``, yielded per task once all K are done
+    (tasks in any order, attempts in index order); attempt ``j`` of a task is seeded from ``seed``,
+    the task id and ``j``.
 
     With ``journal``, every finished attempt is appended there first and a rerun redoes only the
     attempts the journal lacks, so an interrupted label loses no finished solver run.
     """
-    model = model or run.config.solver
     done: dict[str, dict[int, SolverAttempt]] = defaultdict(dict)
     if journal is not None:
         wanted = {task.id for task in tasks}
@@ -188,14 +186,13 @@ def graded_attempts(
             if record.task_id in wanted and record.index < k:
                 done[record.task_id][record.index] = record.attempt
     by_id = {task.id: task for task in tasks}
-    jobs = [Attempt(task, j, job_seed(run.config.seed, task.id, j)) for task in tasks for j in range(k)
-            if j not in done[task.id]]  # fmt: skip
+    jobs = [Attempt(task, j, job_seed(seed, task.id, j)) for task in tasks for j in range(k) if j not in done[task.id]]
     complete = [task for task in tasks if len(done[task.id]) == k]
     for task in complete:
         yield task, [done[task.id][j] for j in range(k)]
     if not jobs:
         return
-    worker = Worker(run.config.domain, model, model.sampling, run.registry, run.domain())
+    worker = run.worker(model)
     writer = JsonlWriter(journal) if journal is not None else None
     try:
         with run.progress(f"{description} ({model.model_id}, K={k})", total=len(tasks)) as advance:
@@ -214,20 +211,34 @@ def graded_attempts(
             writer.close()
 
 
-def label_tasks(run: Run, tasks: list[Task], path: Path) -> list[Label]:
-    """Label ``tasks`` (valid ones) into ``path``, skipping every task that already has a label there."""
-    config = run.config
+def label_tasks(
+    run: Run, tasks: list[Task], path: Path, solver: ModelConfig, label: LabelConfig, seed: int
+) -> list[Label]:
+    """Label ``tasks`` (valid ones) into ``path`` with ``label.k`` attempts each by ``solver``, skipping
+    every task that already has a label there."""
     done = {existing.task_id for existing in iter_jsonl(path, Label)}
     todo = [task for task in tasks if task.id not in done]
     if done:
         log.info("%s already has %d labels; %d tasks to go", path.name, len(done), len(todo))
     if todo:
         with JsonlWriter(path) as out:
-            for task, attempts in graded_attempts(run, todo, config.label.k, journal=journal_path(path),
-                                                  description="label"):  # fmt: skip
-                out.write(label_of(task, attempts, config.label))
+            for task, attempts in graded_attempts(run, todo, label.k, solver, seed, journal_path(path), "label"):
+                out.write(label_of(task, attempts, label))
     journal_path(path).unlink(missing_ok=True)  # every label is whole now
     return list(iter_jsonl(path, Label))
+
+
+def solver_labels(
+    run: Run, solver: ModelConfig, label: LabelConfig, seed: int, description: str = "solve"
+) -> Callable[[list[Task]], list[Label]]:
+    """A function that labels tasks now, with no file: what a reward that reads live solver utility
+    (the solver-in-the-loop baseline) calls once per batch."""
+
+    def solve(tasks: list[Task]) -> list[Label]:
+        graded = graded_attempts(run, tasks, label.k, solver, seed, description=description)
+        return [label_of(task, attempts, label) for task, attempts in graded]
+
+    return solve
 
 
 def label_of(task: Task, attempts: list[SolverAttempt], config: LabelConfig) -> Label:
@@ -237,37 +248,47 @@ def label_of(task: Task, attempts: list[SolverAttempt], config: LabelConfig) -> 
     return Label.from_attempts(task.id, attempts, (config.band_low, config.band_high), config.min_valid_attempts)
 
 
-def draw_contexts(run: Run) -> list[Context]:
-    """``generate.num_tasks`` contexts from the configured sampler, seeded by the run's seed."""
-    config = run.config
-    sampler_factory = run.component("context_samplers", config.generate.context_sampler)
-    sampler = sampler_factory(run.domain().contexts(), seed=config.seed, **config.generate.sampler_options)
-    return sampler.sample(config.generate.num_tasks)
-
-
 def task_id(index: int) -> str:
     return f"t{index:06d}"
 
 
-def sample_tasks(run: Run, model: ModelConfig, contexts: list[Context], path: Path) -> list[Task]:
+def sample_tasks(run: Run, model: ModelConfig, contexts: list[Context], path: Path, seed: int) -> list[Task]:
     """One task per context (task ``i`` from ``contexts[i]``), appended to ``path`` as each episode
     finishes; tasks already there are kept and not redone. Generation ``i`` is seeded by its task id,
     so a resumed run, another executor, or another model given the same contexts uses the same seeds
     (and the same contexts: the domain's ``episode_contexts`` of them, made here before any job runs).
     """
     done = {task.id for task in iter_jsonl(path, Task)}
-    contexts = run.domain().episode_contexts(contexts, run.config.seed)
-    jobs = [Episode(task_id(i), context, job_seed(run.config.seed, task_id(i)))
-            for i, context in enumerate(contexts) if task_id(i) not in done]  # fmt: skip
+    contexts = run.domain().episode_contexts(contexts, seed)
+    jobs = [
+        Episode(task_id(i), context, job_seed(seed, task_id(i)))
+        for i, context in enumerate(contexts)
+        if task_id(i) not in done
+    ]
     if done and jobs:
         log.info("%s already has %d tasks; %d to go", path.name, len(done), len(jobs))
     if jobs:
-        worker = Worker(run.config.domain, model, model.sampling, run.registry, run.domain())
-        with JsonlWriter(path) as out, run.progress(f"generate ({model.model_id})",
-                                                    total=len(contexts)) as advance:  # fmt: skip
+        worker = run.worker(model)
+        with JsonlWriter(path) as out, run.progress(f"generate ({model.model_id})", total=len(contexts)) as advance:
             advance(len(contexts) - len(jobs))
             for _, task in run.executor().run(worker, jobs):
                 out.write(task)
                 advance(1, in_flight=run.executor().in_flight)
     order = {task_id(i): i for i in range(len(contexts))}
     return sorted(iter_jsonl(path, Task), key=lambda task: order.get(task.id, len(order)))
+
+
+def sample_and_label(
+    run: Run,
+    generator: ModelConfig,
+    contexts: list[Context],
+    folder: Path,
+    solver: ModelConfig,
+    label: LabelConfig,
+    seed: int,
+) -> tuple[list[Task], list[Label]]:
+    """One arm of an evaluation: a task per context from ``generator`` (``folder/tasks.jsonl``), and
+    the valid ones labeled by ``solver`` (``folder/labels.jsonl``); both files resume."""
+    tasks = sample_tasks(run, generator, contexts, folder / "tasks.jsonl", seed)
+    valid = [task for task in tasks if task.validity.valid]
+    return tasks, label_tasks(run, valid, folder / "labels.jsonl", solver, label, seed)

@@ -50,8 +50,10 @@ class Timings:
         made_with = self.data.setdefault("config", config)
         if made_with != config:
             changed = ", ".join(sorted(_differences(made_with, config)))
-            raise PropelError(f"{path.parent} was made with other settings ({changed}): use another run_dir, "
-                              f"or delete {path} to redo every piece")  # fmt: skip
+            raise PropelError(
+                f"{path.parent} was made with other settings ({changed}): use another run_dir, "
+                f"or delete {path} to redo every piece"
+            )
 
     def run(self, keys: tuple[str, ...], work) -> None:
         """Run ``work()`` unless the piece ``keys`` (e.g. ("train", "hard", "0")) is done."""
@@ -118,8 +120,10 @@ def training_curve(folder: Path) -> list[dict]:
     """Per step: the reward scorer's diagnostics joined with TRL's KL of the same step (TRL
     generates a step's rollouts at once, so the scorer is called once per step)."""
     kl = {int(entry["step"]) - 1: entry["kl"] for entry in read_lines(folder / "log.jsonl") if "kl" in entry}
-    return [{key: entry.get(key) for key in CURVE_KEYS} | {"step": entry["step"], "kl": kl.get(entry["step"])}
-            for entry in read_lines(folder / "reward_log.jsonl")]  # fmt: skip
+    return [
+        {key: entry.get(key) for key in CURVE_KEYS} | {"step": entry["step"], "kl": kl.get(entry["step"])}
+        for entry in read_lines(folder / "reward_log.jsonl")
+    ]
 
 
 def mean_se(values: list[float]) -> dict:
@@ -143,13 +147,20 @@ def summarize(root: Path, seeds: list[int], k: int, setting: dict, timings: dict
             continue
         if keys[arm] != keys["base"]:
             counts = f"{len(keys[arm])} vs {len(keys['base'])} tasks"
-            raise ValueError(f"the {arm} arm's evaluation tasks are not base's ({counts}, or other ids): "
-                             "rerun its evaluation with the same evaluate settings")  # fmt: skip
+            raise ValueError(
+                f"the {arm} arm's evaluation tasks are not base's ({counts}, or other ids): "
+                "rerun its evaluation with the same evaluate settings"
+            )
         groups = [seed for seed, _ in keys[arm]]
         arms[arm]["vs_base"] = paired_comparison(utilities[arm], utilities["base"], groups=groups)
     unit = f"over {len(seeds)} seeds x {setting.get('eval_tasks_per_seed', '?')} contexts"
-    return {"setting": setting, "verdict": verdict(arms, unit), "arms": arms, "probe": _probe(root.parent),
-            "timings": timings}  # fmt: skip
+    return {
+        "setting": setting,
+        "verdict": verdict(arms, unit),
+        "arms": arms,
+        "probe": _probe(root.parent),
+        "timings": timings,
+    }
 
 
 def _arm(root: Path, arm: str, seeds: list[int], k: int, timings: dict) -> tuple[dict, list, list]:
@@ -238,8 +249,11 @@ def _probe_on_tasks(root: Path, arm: str, seeds: list[int]) -> dict | None:
     y, x = torch.tensor(utility), torch.tensor(logits)
     found = metrics(y, x, torch.tensor(rates, dtype=torch.float)) if len(set(utility)) == 2 else {}
     found = {key: value if math.isfinite(value) else None for key, value in found.items()}
-    return found | {"rows": len(utility), "mean_probability": float(torch.sigmoid(x).mean()),
-                    "in_band_rate": float(y.mean())}  # fmt: skip
+    return found | {
+        "rows": len(utility),
+        "mean_probability": float(torch.sigmoid(x).mean()),
+        "in_band_rate": float(y.mean()),
+    }
 
 
 def _probe(run_dir: Path) -> dict:
@@ -272,8 +286,13 @@ def figures(summary: dict, folder: Path, band) -> dict[str, Path]:
     paths = {name: folder / f"{name}.png" for name in ("utility", "curves", "solve_counts")}
     figure, (utility_axis, trials_axis) = plt.subplots(1, 2, figsize=(9, 3.6))
     seeds = len(summary["setting"]["seeds"])
-    utility_axis.bar(names, [arms[a]["utility"]["mean"] for a in names],
-                     yerr=[arms[a]["utility"]["se"] for a in names], capsize=5, color="#4878a8")  # fmt: skip
+    utility_axis.bar(
+        names,
+        [arms[a]["utility"]["mean"] for a in names],
+        yerr=[arms[a]["utility"]["se"] for a in names],
+        capsize=5,
+        color="#4878a8",
+    )
     utility_axis.set_ylabel("utility (share of generations in band)")
     utility_axis.set_title(f"utility, ±1 SE over {seeds} RL seeds")
     offline = [arms[a]["solver_trials"]["offline"] for a in names]
@@ -303,8 +322,12 @@ def figures(summary: dict, folder: Path, band) -> dict[str, Path]:
     figure.savefig(paths["curves"], dpi=110)
     plt.close(figure)
 
-    pooled = {arm: {"labeled": sum(arms[arm]["solve_counts"]),
-                    "solve_count_shares": [share(c, sum(arms[arm]["solve_counts"])) for c in arms[arm]["solve_counts"]]}
-              for arm in names}  # fmt: skip
+    pooled = {
+        arm: {
+            "labeled": sum(arms[arm]["solve_counts"]),
+            "solve_count_shares": [share(c, sum(arms[arm]["solve_counts"])) for c in arms[arm]["solve_counts"]],
+        }
+        for arm in names
+    }
     histogram_plot(paths["solve_counts"], pooled, len(arms[names[0]]["solve_counts"]) - 1, band)
     return paths

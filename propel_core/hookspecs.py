@@ -1,15 +1,35 @@
-"""Every hook a propel plugin can implement.
+"""Every hook a propel plugin can implement, with what each component must be: the reference for
+plugin authors. ``docs/plugin_hooks.md`` is generated from the docstrings of
+[propel_core/hookspecs.py](../propel_core/hookspecs.py): edit them there, then run
+``.venv/bin/python scripts/hook_docs.py``.
 
-This file is the reference for plugin authors. Each hook is a *contribution* hook: the core calls it
-once per plugin while it builds the component registry (the first time a stage or ``propel plugins``
-needs it), passing a ``register`` callback. A plugin calls ``register(name, component)`` once for each
-component it contributes. The core owns the names: it records which plugin gave each component, and
-two components of one kind under one name is an error that names both plugins.
+A plugin is a Python module (or any object) with functions marked ``@hookimpl``, found through the
+``propel`` entry-point group; [docs/writing_plugins.md](writing_plugins.md) builds one as a package.
+The built-ins (``propel_plugins.*``) are ordinary plugins, registered the same way.
+
+```python
+from propel_core import hookimpl
+```
+
+**Contribution hooks.** Every hook but ``register_commands`` has one shape: the core calls
+``register_<kinds>(register)`` once per plugin while it builds the component registry (the first time
+a stage or ``propel plugins`` needs it), and the plugin calls ``register(name, component)`` once for
+each component it contributes. The core owns the names: it records which plugin gave each component
+(``propel plugins`` lists them), two components of one kind under one name is an error that names
+both plugins, and asking for a name nobody registered is an error that lists the installed names.
 
 Components are chosen by their registered name in config (``reward.rule: wco``). What ``component``
-must be differs per kind and is given in each hook's docstring; in every case the core calls it, so
-it may be a class, a function, or any callable. Specs only ever grow new arguments; an implementation
-may accept fewer arguments than its spec (pluggy drops the rest), so old plugins keep working.
+must be differs per kind and is given under each hook; in every case the core calls it, so it may be
+a class, a function, or any callable. The typed contracts are ``propel_core.domain.Domain``,
+``propel_core.backend.ModelBackend`` and, for context samplers, reward rules, sandboxes and executors,
+the protocols in ``propel_core.contracts``.
+
+**``register_commands`` is not a contribution hook.** It gets the ``propel`` command line's
+``click.Group``, registers no component, and is called once when the command line starts, not when
+the registry is built.
+
+Specs only ever grow new arguments; an implementation may accept fewer arguments than its spec
+(pluggy drops the rest), so old plugins keep working.
 
 Heavy libraries (torch, transformers, trl) must be imported inside the component, never at module
 import time: ``propel plugins`` imports every plugin and must answer in well under a second.
@@ -24,17 +44,67 @@ hookspec = pluggy.HookspecMarker("propel")
 
 @hookspec
 def register_domains(register):
-    """Contribute task domains (math, azr, countdown, swe, ...).
+    """Contribute task domains.
 
-    Called once per plugin when the registry is built.
+    ``register(name: str, factory)`` where ``factory(**options) -> propel_core.domain.Domain``; the
+    options are the config's ``domain.options``. The core instantiates exactly one domain per run, the
+    one named by ``domain.name``, and fills in its ``name`` and ``registry`` (a domain that runs code
+    gets its sandbox from ``self.registry``).
 
-    ``register(name: str, factory)`` where ``factory(**options) -> propel_core.domain.Domain``. The
-    options are the ``domain.options`` mapping of the config. The returned object implements the
-    :class:`propel_core.domain.Domain` interface: contexts for the generator, the generator prompt,
-    parsing a generation into a payload, rendering the text the reference model reads, the names of
-    its validity predicates, the solver prompt, a grader for one solver attempt, and a topic.
+    Subclass ``propel_core.domain.Domain`` and implement:
 
-    The core instantiates exactly one domain per run, the one named by ``domain.name``.
+    - ``contexts()``: everything the generator may be conditioned on, each ``Context`` with a stable id;
+    - ``generator_prompt(context)``: chat messages asking the generator for one task;
+    - ``parse(generation)``: the task payload; raise ``ParseError(reason)`` when the generation is not
+      a task;
+    - ``render(payload)``: the text the frozen reference model reads (a list of turns for a
+      multi-turn trajectory);
+    - ``solver_prompt(payload)``: chat messages asking the solver to solve the task;
+    - ``grade(payload, attempt)``: a ``Verdict``: solved, not solved, or ungradable (``solved=None``).
+
+    A final assistant message in ``generator_prompt`` or ``solver_prompt`` is a prefill: the model
+    continues it, and the text parsed or graded starts with it.
+
+    Optional, each with a default:
+
+    - ``validity_predicates`` (class attribute): names of registered validity predicates, run in order
+      after parsing;
+    - ``topic(payload)``: a coarse topic, for the top-topic diversity metric;
+    - ``workflow_markers`` (class attribute) and ``markers_reached(generation)``: which markers a
+      generation reached, for partial-credit rewards;
+    - ``verifier_score(payload)``: a valid task's own score, where the domain has one;
+    - ``multi_turn = True`` with ``episode(context, reply, seed)`` and
+      ``solver_episode(payload, reply)``: an agent domain whose generator and solver act over many
+      turns, each answered by ``reply(messages)``; the episode returns the whole trajectory as text,
+      which ``parse`` (or ``grade``) reads back;
+    - ``uses_generator_model`` (default ``True``): a domain whose generator is a program, not the
+      generator model (the swe domain's ``generator: procedural``), says ``False``; the core then never
+      loads the generator model for its generations (generate, evaluate: no weights read, no backend
+      built, and a reply asked for anyway is an error) and ``train`` refuses, there being no model to
+      train;
+    - ``episode_contexts(contexts, seed)``: the contexts a run's generations get (generation ``i`` the
+      ``i``-th), from those drawn for them and the run's seed, made once by the driver before any
+      generation runs; by default the drawn ones. A domain that deals something out without
+      replacement numbers each context's generations here (the swe procedural generator gives a
+      repository's ``i``-th episode its ``i``-th distinct mutant), so what a generation gets does not
+      depend on which worker runs it or when.
+
+    ```python
+    from propel_core.domain import Domain, ParseError, Verdict
+
+
+    class ReverseWord(Domain):
+        validity_predicates = ("word_length",)
+        ...  # contexts, generator_prompt, parse, render, solver_prompt, grade
+
+
+    @hookimpl
+    def register_domains(register):
+        register("reverse_word", ReverseWord)
+    ```
+
+    This repository's domain packages (one each under ``domains/``) register ``arithmetic``,
+    ``countdown``, ``azr``, ``math`` ([docs/domains.md](domains.md)) and ``swe`` ([docs/swe.md](swe.md)).
     """
 
 
@@ -44,28 +114,57 @@ def register_validity_predicates(register):
 
     ``register(name: str, predicate)`` where
     ``predicate(task: propel_core.records.Task, domain: Domain) -> propel_core.records.Validity``.
-    The task arrives parsed (``task.payload`` is set); the predicate must never raise on bad input,
-    it returns ``Validity(valid=False, reason=...)`` with a reason a person can act on. A predicate
-    that computes facts later stages need (the AZR outputs of f) records them in ``task.payload``.
+    The task arrives parsed (``task.payload`` is set). A predicate never raises on bad input: it
+    returns ``Validity.reject(reason)`` with a reason a person can act on. A predicate that computes
+    facts later stages need (the AZR predicate runs f and keeps its outputs) records them in
+    ``task.payload``.
 
     A domain lists the predicate names it applies in ``Domain.validity_predicates``; the core runs
-    them in that order after parsing and stops at the first rejection, whose reason is recorded on the
-    task. Predicates are registered globally so that one domain can reuse another's.
+    them in that order after parsing and stops at the first rejection, recorded on the task as
+    ``"<predicate name>: <reason>"``. Predicates are registered globally, so one domain can reuse
+    another's.
+
+    ```python
+    from propel_core.records import Validity
+
+
+    @hookimpl
+    def register_validity_predicates(register):
+        def word_length(task, domain):
+            n = len(task.payload["word"])
+            return Validity.ok() if 5 <= n <= 12 else Validity.reject(f"{n} letters, outside 5..12")
+
+        register("word_length", word_length)
+    ```
     """
 
 
 @hookspec
 def register_model_backends(register):
-    """Contribute model backends (``transformers``, ``vllm``, ``openai``, ...).
+    """Contribute model backends.
 
-    ``register(name: str, factory)`` where ``factory(model: propel_core.config.ModelConfig)`` returns an
-    object implementing :class:`propel_core.backend.ModelBackend`: ``generate(prompts, sampling, n=1,
-    seed=None)`` (n completions per prompt in one batched call, with the caller's sampling knobs),
-    ``hidden_states`` (hidden states at chosen layers), and ``model_id``.
+    ``register(name: str, factory)`` where ``factory(model: propel_core.config.ModelConfig)`` returns
+    a ``propel_core.backend.ModelBackend``: a ``model_id``,
+    ``generate(prompts, sampling, n=1, seed=None) -> list[list[str]]`` (``n`` completions per prompt
+    in one batched call, with the caller's sampling knobs) and
+    ``hidden_states(texts, layers, max_length) -> HiddenStates`` (hidden states at chosen layers).
 
     Each model role in config (``generator``, ``reference``, ``solver``) names its backend. The core
-    creates one instance per model on first use (``Registry.backend``) and shares it between every
-    role and component that names the same model.
+    creates one instance per model on first use (``Registry.backend``) and hands the same one to every
+    role and component that names that model, which is why sampling is an argument of each call
+    rather than part of the instance.
+
+    ```python
+    @hookimpl
+    def register_model_backends(register):
+        register("my_server", MyServerBackend)  # MyServerBackend(model_config)
+    ```
+
+    Built in: ``transformers`` (in-process Hugging Face models, the embedded default included),
+    ``openai`` (any OpenAI-compatible endpoint) and ``vllm`` (vLLM's offline engine, with
+    ``pip install 'propel-core[vllm]'`` on a CUDA machine). The last two return text only, so the
+    reference model keeps ``transformers``. ``propel-arithmetic`` adds ``arithmetic_skill``, a
+    simulated solver whose chance of answering is a known function of the task.
     """
 
 
@@ -77,7 +176,17 @@ def register_poolers(register):
     ``pooler(hidden: Tensor[B, T, D], mask: Tensor[B, T]) -> Tensor[B, D']``. ``mask`` is 1 on real
     tokens and 0 on padding, which may sit on either side; padding must never reach the result.
 
-    Probe sweeps name poolers in ``probe.poolings``; each name becomes one column of the sweep.
+    Probe sweeps name poolers in ``probe.poolings`` (each name becomes one column of the sweep) and
+    ``probe.turn_vector`` (one vector per turn of a multi-turn task).
+
+    ```python
+    @hookimpl
+    def register_poolers(register):
+        register("sum", lambda hidden, mask: (hidden * mask.unsqueeze(-1)).sum(1))
+    ```
+
+    Built in: ``last_token``, ``mean_full``, ``mean_last_50``, ``mean_last_5``, ``mean_last_3``,
+    ``mean_last_half``, ``max``, ``first_last_concat``, ``mean_std_concat``.
     """
 
 
@@ -86,29 +195,70 @@ def register_probe_architectures(register):
     """Contribute probe heads that map a pooled vector to a logit.
 
     ``register(name: str, factory)`` where ``factory(input_dim: int) -> torch.nn.Module``; the module
-    maps ``Tensor[B, input_dim]`` to logits ``Tensor[B]`` for the positive (in-band) class.
+    maps ``Tensor[B, input_dim]`` to logits ``Tensor[B]`` for the positive (in-band) class. Probe
+    sweeps name architectures in ``probe.architectures``.
 
-    Probe sweeps name architectures in ``probe.architectures``.
+    ```python
+    @hookimpl
+    def register_probe_architectures(register):
+        def wide(input_dim):
+            from torch import nn
+
+            return nn.Sequential(nn.Linear(input_dim, 2048), nn.ReLU(), nn.Linear(2048, 1), nn.Flatten(0))
+
+        register("wide", wide)
+    ```
+
+    The sweep trains heads as stacks: every head that is a ``Sequential`` starting with a ``Linear``,
+    going on with ``Linear``, elementwise activations and ``Dropout``, and ending in ``Linear(., 1)``
+    and ``Flatten(0)`` (as the example above) trains with the others of its layout in one batched
+    pass, and gets the weights it would get alone. A head of any other shape trains alone. A factory
+    may instead carry a ``fit(head, features, labels, train_rows, pos_weight) -> int`` attribute that
+    fits the head on the standardized features itself and returns its number of iterations.
+
+    Built in: ``linear``, ``mlp`` (d→512→128, dropout 0.3), ``deep_mlp`` (d→1024→512→256→128) and
+    ``logistic``: a linear head whose weights scikit-learn's ``LogisticRegression`` (C=1, lbfgs) fits
+    through ``fit`` instead of AdamW (install the ``sklearn`` extra to fit it; scoring needs torch only).
     """
 
 
 @hookspec
 def register_reward_rules(register):
-    """Contribute reward rules: how validity and scorer outputs combine into the RL reward.
+    """Contribute reward rules: how validity and scores combine into the RL reward.
 
     ``register(name: str, factory)`` where ``factory(config: propel_core.config.RewardConfig)``
-    returns a callable ``rule(task: Task, scores: Mapping[str, float]) -> float``. ``scores`` holds the
-    probe outputs the core computed for that task: ``logit`` and ``probability`` of the main probe,
-    ``ensemble_logits`` for an ensemble. The rule returns one finite float; non-finite scores are an
-    error, never a silent reward.
+    returns a ``propel_core.contracts.RewardRule``:
+    ``rule(task: Task, scores: Mapping[str, Any]) -> float``. The rule returns one finite float; a
+    missing or non-finite score is an error (``propel_core.errors.RewardError``), never a silent
+    reward. A completion cut off at the length limit gets ``reward.overflow_reward`` without asking
+    the rule.
 
-    A rule may carry a ``needs`` attribute, the set of score names it reads: the scorer then computes
-    only those: probe scores, ``solver_utility`` (the real utility from K live solver attempts, for
-    the solver-in-the-loop baseline), ``markers`` (workflow markers the generation reached) and
-    ``verifier_score`` (the domain's own score of a valid task). Without it the rule gets the probe
-    scores.
+    ``scores`` holds what the core computed for that task. Probe scores, for every task that parsed
+    (valid or not): ``logit`` and ``probability`` of the main probe, ``ensemble_logits`` (one logit per
+    probe bundle: the main one, then ``reward.probes``) and ``auxiliary_logit`` (the logit of the first
+    of ``reward.probes``, when there is one: co-evolution's auxiliary probe). A task that did not parse
+    has no probe scores.
 
-    The run uses the single rule named by ``reward.rule``.
+    A rule may carry a ``needs`` attribute, the set of score names it reads; the scorer then computes
+    only those: the probe scores above, ``solver_utility`` (the real utility from ``label.k`` live
+    solver attempts at each valid task, as the label stage grades them), ``markers`` (how many of the
+    domain's workflow markers the generation reached) and ``verifier_score`` (the domain's own score
+    of a valid task). A rule without ``needs`` gets the probe scores.
+
+    ```python
+    @hookimpl
+    def register_reward_rules(register):
+        register("valid_only", lambda config: lambda task, scores: 1.0 if task.validity.valid else config.r_bad)
+    ```
+
+    ``train`` rewards every completion with the one rule named by ``reward.rule`` (``coevolve`` with
+    the rule named by ``coevolve.mode``), and the ``probe`` stage calls it on the base policy's tasks
+    to measure each cell's reward variance (RVP), with every probe score taken from that cell's one
+    probe (a rule that raises ``RewardError`` there leaves that task out).
+
+    Built in: ``hard``, ``soft``, ``probe_only``, ``wco``, ``adversarial``, ``solver_in_the_loop``
+    (the paper's SIL baseline: ``needs = {"solver_utility"}``) and ``partial_instrumentation``
+    (seed 002: ``needs = {"markers", reward.valid_score}``); see [docs/config.md](config.md).
     """
 
 
@@ -117,12 +267,28 @@ def register_context_samplers(register):
     """Contribute context samplers: which contexts the generator sees next.
 
     ``register(name: str, factory)`` where
-    ``factory(contexts: list[Context], seed: int, **options) -> sampler``. The sampler provides
-    ``sample(n: int) -> list[Context]`` and ``update(contexts: list[Context], rewards: list[float])``,
-    which the core calls with the rewards those contexts earned (a no-op for samplers that ignore
-    feedback). ``options`` is ``generate.sampler_options``.
+    ``factory(contexts: list[Context], seed: int, **options)`` returns a
+    ``propel_core.contracts.ContextSampler``: ``sample(n: int) -> list[Context]`` and
+    ``update(contexts: list[Context], rewards: list[float])``, which the core calls with the rewards
+    those contexts earned (a no-op for samplers that ignore feedback).
 
-    The run uses the sampler named by ``generate.context_sampler``.
+    ``generate`` and ``evaluate`` draw a run's contexts up front, in one ``sample(n)`` call, from the
+    sampler named by ``generate.context_sampler`` with ``generate.sampler_options``. During
+    ``propel train`` a fresh sampler of that name draws each prompt's context when the trainer asks
+    for the next batch, and ``update`` follows every reward call with each completion's context and
+    reward, so a sampler that learns shapes the next batch. ``solve-train`` samples its training
+    tasks the same way (``solve_train.context_sampler``; each task a context, bucketed by its topic)
+    with the verifier's rewards. A sampler may also offer ``diagnostics() -> dict``, logged after
+    every update: with each step of ``train/reward_log.jsonl`` (key ``sampler``) and in
+    ``solve/NAME/sampler_log.jsonl``.
+
+    ```python
+    @hookimpl
+    def register_context_samplers(register):
+        register("first_only", FirstOnly)  # FirstOnly(contexts, seed)
+    ```
+
+    Built in: ``uniform`` and ``progress`` (seed 001; see [docs/config.md](config.md)).
     """
 
 
@@ -130,32 +296,53 @@ def register_context_samplers(register):
 def register_sandboxes(register):
     """Contribute sandboxes that run untrusted code (everything a model writes) and test suites.
 
-    ``register(name: str, factory)`` where ``factory(**options)`` returns a sandbox with
-    ``run_python(files: dict[str, str], main: str, hash_seed: int = 0, time_limit=None)``: it writes
+    ``register(name: str, factory)`` where ``factory(**options)`` returns a
+    ``propel_core.contracts.Sandbox``:
+    ``run_python(files: dict[str, str], main: str, hash_seed: int = 0, time_limit=None)`` writes
     ``files`` into a fresh workdir, runs ``main`` with Python under time, memory, process and output
-    limits, and returns a result with a ``status`` (ok, error, timeout, oom, output_limit, crashed,
-    no_result, sandbox_error) and ``result``, the JSON the program wrote to ``result.json``, parsed as
-    data. A sandbox fails closed: a missing isolation layer is an error unless the options explicitly
-    allow running without it.
+    limits, and returns a result with a ``status`` (``ok``, ``error``, ``timeout``, ``oom``,
+    ``output_limit``, ``disk_limit``, ``crashed``, ``no_result``, ``sandbox_error``) and ``result``,
+    the JSON the program wrote to ``result.json``, parsed as data. A sandbox fails closed: a missing
+    isolation layer is an error unless the options explicitly allow running without it
+    (``allow_unisolated: true``).
 
-    A sandbox that runs whole repositories (the SWE domain) also provides ``workspace(path=None,
-    image=None, workdir="/testbed")``: a fresh copy of a checkout with ``run(command, time_limit)``,
-    ``read(path)``, ``write(path, data)`` and ``close()``, removed with everything in it on close.
+    A sandbox that runs whole repositories (the SWE domain) also provides
+    ``workspace(path=None, image=None, workdir="/testbed")``: a fresh copy of a checkout (from a local
+    path, or an image), a ``propel_core.contracts.Workspace`` with ``run(command, time_limit)``,
+    ``read(path)``, ``write(path, data)`` and ``close()``, which removes it with everything in it.
 
     Domains that execute code name the sandbox they use in their options and get it from
-    ``domain.registry``.
+    ``self.registry``.
+
+    ```python
+    @hookimpl
+    def register_sandboxes(register):
+        register("firecracker", FirecrackerSandbox)  # FirecrackerSandbox(**options)
+    ```
+
+    Built in: ``local`` (bubblewrap namespaces, an unprivileged uid, resource limits; see
+    [docs/sandbox.md](sandbox.md)); ``propel-swe`` adds ``docker`` (see [docs/swe.md](swe.md)).
     """
 
 
 @hookspec
 def register_commands(cli):
-    """Add commands to the ``propel`` command line.
+    """Add commands to the ``propel`` command line. Not a contribution hook: no ``register`` callback.
 
-    ``cli`` is the top-level :class:`click.Group`; add a command or a group of commands to it
-    (``@cli.group()`` for a family, such as the SWE domain's ``propel swe preflight``). Called once,
-    when the command line starts, so import heavy libraries inside the commands, not here. A command
-    that turns a bad input into :class:`propel_core.errors.PropelError` gets the same one-line error
-    and exit status 1 as the core's own verbs.
+    ``cli`` is the top-level ``click.Group``; add a command or a group of commands to it
+    (``@cli.group()`` for a family, such as the SWE domain's ``propel swe preflight``). The hook
+    registers no component and is called once, when the command line starts (not when the registry
+    is built), so import heavy libraries inside the commands, not here. A command that turns a bad
+    input into ``propel_core.errors.PropelError`` gets the same one-line error and exit status 1 as
+    the core's own verbs.
+
+    ```python
+    @hookimpl
+    def register_commands(cli):
+        @cli.group()
+        def swe():
+            \"\"\"Repository tools of the SWE domain.\"\"\"
+    ```
     """
 
 
@@ -163,17 +350,27 @@ def register_commands(cli):
 def register_executors(register):
     """Contribute executors: where solver attempts and generator episodes run.
 
-    ``register(name: str, factory)`` where ``factory(workers: int, **options)`` returns an object
-    implementing :class:`propel_core.execution.Executor`: ``run(worker, jobs)`` runs every job with
-    ``worker.run(job)`` (a solver attempt, graded, or a generator episode, checked) and yields
-    ``(job, result)`` as each one finishes, in any order; ``in_flight`` counts the jobs running now.
-    ``workers`` is how many jobs may be in flight at once and ``options`` is ``executor.options``.
+    ``register(name: str, factory)`` where ``factory(workers: int, **options)`` returns a
+    ``propel_core.contracts.Executor``: ``run(worker, jobs)`` runs every job with ``worker.run(job)``
+    and yields ``(job, result)`` as each one finishes, in any order; ``in_flight`` counts the jobs
+    running now. A job is one solver attempt (the result is a graded ``SolverAttempt``) or one
+    generator episode (the result is a checked ``Task``). ``workers`` is how many jobs may be in
+    flight at once and ``options`` is ``executor.options``.
 
-    A ``Worker`` pickles to its configuration, so an executor may ship it to other processes or
-    machines, where it builds its own domain and backend. The caller is the only writer of run files
-    and every job carries its own seed: an executor must not change what a job computes, only where
-    and when it runs. Leaving the iterator early (an error, Ctrl-C) must stop the remaining jobs.
+    A ``Worker`` pickles to its configuration (domain, model, sampling), so an executor may ship it to
+    other processes or machines, where it builds its own domain and backend. The caller is the only
+    writer of run files and every job carries its own seed: an executor must not change what a job
+    computes, only where and when it runs. Leaving the iterator early (an error, Ctrl-C) must stop the
+    jobs still running or queued.
+
+    ```python
+    @hookimpl
+    def register_executors(register):
+        register("slurm", SlurmExecutor)  # SlurmExecutor(workers, **options)
+    ```
 
     Label, evaluate, generate, the solver-in-the-loop reward, solve-train's held-out evaluation and
-    self-train all use the one executor named by ``executor.name``.
+    self-train all use the one executor named by ``executor.name``. Built in: ``local`` (threads on
+    this machine; the model turns of concurrent jobs go to an in-process model as one batched call)
+    and ``ray`` (Ray tasks on a cluster); see [docs/scaling.md](scaling.md).
     """

@@ -20,6 +20,7 @@ from typing import Any
 import pluggy
 
 from propel_core import hookspecs
+from propel_core.contracts import ContextSampler, Executor, ReadsProbe, RepositorySandbox, RewardRule, Sandbox
 from propel_core.errors import PropelError
 
 DEFAULT_PLUGINS = (
@@ -129,6 +130,42 @@ class Registry:
             return self.components[kind][name].obj
         except KeyError:
             raise UnknownComponent(unknown_message(KINDS[kind][1], name, self.names(kind))) from None
+
+    def context_sampler(self, name: str, contexts: list[Any], seed: int, **options: Any) -> ContextSampler:
+        """The context sampler ``name`` over ``contexts``, seeded."""
+        return self._checked("context_samplers", name, ContextSampler, contexts, seed=seed, **options)
+
+    def reward_rule(self, name: str, config: Any) -> RewardRule:
+        """The reward rule ``name`` for a ``RewardConfig``; a rule without ``needs`` reads the probe."""
+        rule = self.get("reward_rules", name)(config)
+        if not callable(rule):
+            raise self._broken("reward_rules", name, rule, "a callable rule(task, scores) -> float")
+        return rule if isinstance(rule, RewardRule) else ReadsProbe(rule)
+
+    def sandbox(self, name: str, **options: Any) -> Sandbox:
+        """The sandbox ``name`` with ``options``, for running programs (``run_python``)."""
+        return self._checked("sandboxes", name, Sandbox, **options)
+
+    def repository_sandbox(self, name: str, **options: Any) -> RepositorySandbox:
+        """The sandbox ``name`` with ``options``, for running commands in checkouts (``workspace``)."""
+        return self._checked("sandboxes", name, RepositorySandbox, **options)
+
+    def executor(self, name: str, workers: int, **options: Any) -> Executor:
+        """The executor ``name`` with ``workers`` jobs in flight at most."""
+        return self._checked("executors", name, Executor, workers=workers, **options)
+
+    def _checked(self, kind: str, name: str, contract: type, *args: Any, **kwargs: Any) -> Any:
+        component = self.get(kind, name)(*args, **kwargs)
+        if not isinstance(component, contract):
+            raise self._broken(kind, name, component, f"a {contract.__name__} ({contract.__module__})")
+        return component
+
+    def _broken(self, kind: str, name: str, made: Any, wanted: str) -> PropelError:
+        plugin = self.components[kind][name].plugin
+        return PropelError(
+            f"{KINDS[kind][1]} {name!r} of plugin {plugin!r} made a {type(made).__name__}, not {wanted}; "
+            "see docs/plugin_hooks.md"
+        )
 
     def backend(self, model: Any) -> Any:
         """The backend for a ``ModelConfig``, created on first use and shared by every caller that names

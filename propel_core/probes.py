@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from propel_core.activations import pooled_activations
 from propel_core.config import ModelConfig, ProbeConfig
 from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.errors import PropelError
 from propel_core.records import ProbeBundle
+
+log = logging.getLogger("propel")
 
 
 @dataclass
@@ -317,8 +321,10 @@ class _Stack:
         old = getattr(self, "optimizer", None)
         if keep is not None:
             index = torch.tensor(keep, dtype=torch.long)
-            states = [{k: v.index_select(0, index) if v.dim() else v.clone() for k, v in old.state[p].items()}
-                      for p in self.params]  # fmt: skip
+            states = [
+                {k: v.index_select(0, index) if v.dim() else v.clone() for k, v in old.state[p].items()}
+                for p in self.params
+            ]
             self.params = [p.detach().index_select(0, index) for p in self.params]
             self.heads = [self.heads[i] for i in keep]
         self.params = [p.detach().requires_grad_() for p in self.params]
@@ -510,6 +516,71 @@ def fit_temperature(logits, y) -> float:
     return min(max(float(log_t.exp()), low), high)
 
 
+# -- splits, and probes fitted at a chosen cell -------------------------------------------------------
+
+
+def splits(y, groups, balance: str, split: str, config: ProbeConfig, seed: int) -> Iterator[tuple]:
+    """(train, val, test) row indices: a random 80/10/10 split, or k grouped folds (test = one fold,
+    val = the next, train = the rest; no group straddles two folds). ``downsample`` first drops
+    majority-class rows at random until both classes are the same size."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    chosen = torch.arange(len(y))
+    if balance == "downsample":
+        positives, negatives = chosen[y == 1], chosen[y == 0]
+        keep = min(len(positives), len(negatives))
+        pick = lambda rows: rows[torch.randperm(len(rows), generator=generator)[:keep]]  # noqa: E731
+        chosen = torch.cat([pick(positives), pick(negatives)])
+    if split == "random":
+        if len(chosen) < 10:
+            raise PropelError(f"{len(chosen)} rows after balancing; an 80/10/10 split needs at least 10")
+        chosen = chosen[torch.randperm(len(chosen), generator=generator)]
+        n_train, n_val = int(0.8 * len(chosen)), max(1, int(0.1 * len(chosen)))
+        yield chosen[:n_train], chosen[n_train : n_train + n_val], chosen[n_train + n_val :]
+        return
+    names = sorted({groups[i] for i in chosen.tolist()})
+    if len(names) < config.folds:
+        raise PropelError(f"grouped k-fold needs at least {config.folds} groups; the labeled rows have {len(names)}")
+    order = torch.randperm(len(names), generator=generator).tolist()
+    fold_of = {names[i]: position % config.folds for position, i in enumerate(order)}
+    folds = [chosen[torch.tensor([fold_of[groups[i]] == f for i in chosen.tolist()])] for f in range(config.folds)]
+    for f in range(config.folds):
+        val_fold = (f + 1) % config.folds
+        train = torch.cat([folds[g] for g in range(config.folds) if g not in (f, val_fold)])
+        yield train, folds[val_fold], folds[f]
+
+
+def fit_at_cell(registry, folder: Path, bundle: ProbeBundle, x, y, config: ProbeConfig, seed: int, source: str) -> Path:
+    """Train one probe of ``bundle``'s architecture on (x, y) (a random 80/10/10 split, classes
+    weighted), log its test balanced accuracy, and save it as a bundle like ``bundle`` in ``folder``."""
+    import torch
+
+    train, val, test = next(splits(y, [str(i) for i in range(len(y))], "weighted", "random", config, seed))
+    factory = registry.get("probe_architectures", bundle.architecture)
+    trained = train_probe(factory, x, y, train, val, config, True, seed)
+    temperature = fit_temperature(trained.logits(x[val]), y[val]) if config.calibrate else 1.0
+    scores = metrics(y[test], trained.logits(x[test]), torch.zeros(len(test)))
+    log.info("%s: %d rows, test balanced accuracy %.3f", source, len(y), scores["balanced_accuracy"])
+    finite = {k: v for k, v in scores.items() if math.isfinite(v)}
+    description = bundle.model_copy(update={"temperature": temperature, "training_rows": len(train), "metrics": finite})
+    save_bundle(folder, trained, description)
+    return folder
+
+
+def ensemble_probes(registry, run_dir: Path, config: ProbeConfig, seeds: Sequence[int], folder: Path) -> list[Path]:
+    """Probes at the selected probe's cell, one per seed, trained on the labeled corpus -> ``folder/seed-S``
+    (the ``wco`` rule's ensemble members, beside the selected probe)."""
+    from propel_core.activations import labeled_rows
+
+    bundle = ProbeBundle.model_validate_json((Path(run_dir) / "probes" / "selected" / "probe.json").read_text())
+    x, y = labeled_rows(run_dir, bundle.layer, bundle.pooling)
+    return [
+        fit_at_cell(registry, folder / f"seed-{seed}", bundle, x, y, config, seed, f"ensemble member, seed {seed}")
+        for seed in seeds
+    ]
+
+
 # -- the bundle -------------------------------------------------------------------------------------
 
 
@@ -541,28 +612,49 @@ class ProbeScorer:
         self.probe = TrainedProbe(head, tensors["mean"], tensors["std"], epochs=0)
         self.poolers = {self.bundle.pooling: self.registry.get("poolers", self.bundle.pooling)}
         self.turn_vector = self.registry.get("poolers", self.bundle.turn_vector)
-        model = None if self.bundle.reference_model == EMBEDDED_MODEL_ID else self.bundle.reference_model
-        self.backend = self.registry.backend(ModelConfig(model=model))
+        self.reference = reference_of(self.bundle)
+        self.backend = self.registry.backend(self.reference)
 
     def logits_of_features(self, x):
         return self.probe.logits(x) / self.bundle.temperature
 
-    def features(self, texts: list[str | list[str]], batch_size: int = 8):
+    def features(self, texts: list[str | list[str]]):
         """The pooled reference activations the head reads, exactly as the extract stage pools them."""
-        from propel_core.stages.extract import pooled_activations
-
         layer, pooling = self.bundle.layer, self.bundle.pooling
         return pooled_activations(
-            self.backend, texts, [layer], self.poolers, self.turn_vector, self.bundle.max_length, batch_size
+            self.backend,
+            texts,
+            [layer],
+            self.poolers,
+            self.turn_vector,
+            self.bundle.max_length,
+            self.reference.batch_size,
         )[layer, pooling]
 
-    def score(self, texts: list[str | list[str]], batch_size: int = 8) -> list[dict[str, float]]:
+    def score(self, texts: list[str | list[str]]) -> list[dict[str, float]]:
         """``logit`` and ``probability`` of the in-band class for each text or trajectory (a list of
         turns), with the temperature applied."""
         import torch
 
-        logits = self.logits_of_features(self.features(texts, batch_size))
+        logits = self.logits_of_features(self.features(texts))
         return [{"logit": float(logit), "probability": float(torch.sigmoid(logit))} for logit in logits]
+
+
+#: the reference model's settings a bundle records: what changes the activations or how they are read
+REFERENCE_SETTINGS = ("model", "backend", "revision", "dtype", "device", "batch_size")
+
+
+def reference_settings(model: ModelConfig) -> dict[str, Any]:
+    """What a bundle records of the reference model it was trained on."""
+    return model.model_dump(mode="json", include=set(REFERENCE_SETTINGS))
+
+
+def reference_of(bundle: ProbeBundle) -> ModelConfig:
+    """The reference model a bundle reads with: its recorded settings (a bundle of an older version
+    records only the model id, read with the defaults)."""
+    if bundle.reference:
+        return ModelConfig(**bundle.reference)
+    return ModelConfig(model=None if bundle.reference_model == EMBEDDED_MODEL_ID else bundle.reference_model)
 
 
 def load_probe(folder: str | Path, registry=None) -> ProbeScorer:

@@ -18,15 +18,29 @@ from propel_core.probes import TrainedProbe, spearman
 def ordered_pairs(rows: Sequence[int], scores: Sequence[float], max_pairs: int, seed: int) -> list[tuple[int, int]]:
     """Pairs (i, j) of ``rows`` with scores[i] > scores[j] (ties give no pair), at most ``max_pairs``
     of them, drawn at random (seeded) when there are more."""
-    pairs = [(i, j) if scores[i] > scores[j] else (j, i) for a, i in enumerate(rows) for j in rows[a + 1 :]
-             if scores[i] != scores[j]]  # fmt: skip
+    pairs = [
+        (i, j) if scores[i] > scores[j] else (j, i)
+        for a, i in enumerate(rows)
+        for j in rows[a + 1 :]
+        if scores[i] != scores[j]
+    ]
     if len(pairs) > max_pairs:
         pairs = random.Random(seed).sample(pairs, max_pairs)
     return pairs
 
 
-def train_bradley_terry(factory, x, pairs, *, lr: float, weight_decay: float, epochs: int, batch_size: int,
-                        seed: int, start: TrainedProbe | None = None) -> TrainedProbe:  # fmt: skip
+def train_bradley_terry(
+    factory,
+    x,
+    pairs,
+    *,
+    lr: float,
+    weight_decay: float,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    start: TrainedProbe | None = None,
+) -> TrainedProbe:
     """Fit a head (new, or continuing ``start``: the on-policy refresh) on ordered pairs of rows of x."""
     import torch
 

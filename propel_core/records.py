@@ -103,14 +103,18 @@ class Label(Record):
 class ProbeBundle(Record):
     """The description (``probe.json``) of a saved probe; weights live in ``probe.safetensors``."""
 
+    model_config = ConfigDict(extra="ignore")  # bundles of older versions carry fields since dropped
+
     reference_model: str
+    #: the reference model's settings the activations were read with (a ``ModelConfig``'s model,
+    #: backend, revision, dtype, device and batch size); the scorer loads the reference with them
+    reference: dict[str, Any] = Field(default_factory=dict)
     layer: int
     pooling: str
     architecture: str
     input_dim: int
     max_length: int
     turn_vector: str = "mean_full"
-    threshold: float = 0.5
     temperature: float = 1.0
     metrics: dict[str, float] = Field(default_factory=dict)
     training_rows: int
@@ -119,12 +123,9 @@ class ProbeBundle(Record):
 R = TypeVar("R", bound=BaseModel)
 
 
-def read_jsonl(path: str | Path, record: type[R]) -> list[R]:
-    """All complete records of a JSONL file; a torn final line (from a crash) is skipped."""
-    return list(iter_jsonl(path, record))
-
-
 def iter_jsonl(path: str | Path, record: type[R]) -> Iterator[R]:
+    """Every complete record of a JSONL file, in order (none when it does not exist); a torn final line
+    (from a crash) is skipped."""
     path = Path(path)
     if not path.exists():
         return

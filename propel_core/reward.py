@@ -11,23 +11,21 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from propel_core.backend import prefill as prompt_prefill
-from propel_core.domain import make_task
+from propel_core.config import RewardConfig, TrainConfig
+from propel_core.contracts import ContextSampler, RewardRule, reads_probe
+from propel_core.domain import Domain, make_task
 from propel_core.errors import PropelError
-from propel_core.execution import graded_attempts, label_of
-from propel_core.probes import ProbeScorer
-from propel_core.records import Context, Task
-from propel_core.replay import prompt_key
+from propel_core.probes import ProbeScorer, load_probe
+from propel_core.records import Context, Label, Task
+from propel_core.replay import ReplayBuffer, prompt_key
 
-PROBE_SCORES = frozenset({"logit", "probability", "ensemble_logits", "auxiliary_logit"})
-
-
-def reads_probe(rule) -> bool:
-    """Whether a reward rule reads probe scores: a rule without ``needs`` reads the probe's."""
-    return bool(getattr(rule, "needs", PROBE_SCORES) & PROBE_SCORES)
+if TYPE_CHECKING:
+    from propel_core.run import Run
 
 
 def _text(completion) -> str:
@@ -35,29 +33,57 @@ def _text(completion) -> str:
 
 
 class RewardScorer:
+    """The reward function GRPO calls: ``rule`` on each generation's task and the scores it needs.
+
+    ``probes`` are the loaded bundles (main first); ``solve`` labels valid tasks with live solver
+    runs, for a rule whose ``needs`` holds ``solver_utility``. A completion of
+    ``max_completion_length`` tokens or more gets ``overflow_reward``. With ``sampler`` the contexts'
+    rewards go back to it; with ``replay`` fresh generations are offered to the buffer; with
+    ``log_path`` each call appends its diagnostics there (groups of ``group_size``).
+    """
+
     __name__ = "probe_reward"  # TRL names the reward column after the function
 
-    def __init__(self, run, probes: list[ProbeScorer], log_path: Path | None = None, sampler=None, replay=None):
-        self.config, self.domain = run.config, run.domain()
-        self.run = run
-        self.rule = run.component("reward_rules", self.config.reward.rule)(self.config.reward)
-        self.predicates = {name: run.component("validity_predicates", name) for name in self.domain.validity_predicates}
-        self.contexts = {context.id: context for context in self.domain.contexts()}
-        self.probes = probes
-        self.needs = getattr(self.rule, "needs", PROBE_SCORES)
-        if reads_probe(self.rule) and not probes:
-            raise PropelError(
-                f"reward rule {self.config.reward.rule!r} reads probe scores, but no probe bundle was given"
-            )
+    def __init__(
+        self,
+        domain: Domain,
+        rule: RewardRule,
+        probes: list[ProbeScorer] = (),
+        *,
+        overflow_reward: float,
+        max_completion_length: int,
+        group_size: int,
+        solve: Callable[[list[Task]], list[Label]] | None = None,
+        log_path: Path | None = None,
+        sampler: ContextSampler | None = None,
+        replay: ReplayBuffer | None = None,
+    ):
+        self.domain, self.rule, self.probes, self.needs = domain, rule, list(probes), rule.needs
+        predicates = domain.registry.get
+        self.predicates = {name: predicates("validity_predicates", name) for name in domain.validity_predicates}
+        self.contexts = {context.id: context for context in domain.contexts()}
+        if reads_probe(rule) and not self.probes:
+            raise PropelError("the reward rule reads probe scores, but no probe bundle was given")
+        if "solver_utility" in self.needs and solve is None:
+            raise PropelError("the reward rule reads live solver utility, but no solver was given")
+        self.overflow_reward, self.max_completion_length = overflow_reward, max_completion_length
+        self.group_size, self.solve = group_size, solve
         self.log_path = log_path
         self.sampler, self.replay = sampler, replay
         self.calls = 0
         self.solver_attempts = 0  # solver runs of the last call (solver_in_the_loop)
 
     def __call__(
-        self, prompts, completions, context_id=None, completion_ids=None, trainer_state=None, prefill=None,
-        generation=None, **_,
-    ) -> list[float]:  # fmt: skip
+        self,
+        prompts,
+        completions,
+        context_id=None,
+        completion_ids=None,
+        trainer_state=None,
+        prefill=None,
+        generation=None,
+        **_,
+    ) -> list[float]:
         """``generation``: a multi-turn domain's whole trajectories (from the episode rollouts), which
         replace prefill + completion as what the task is parsed from."""
         step = trainer_state.global_step if trainer_state is not None else self.calls
@@ -66,11 +92,10 @@ class RewardScorer:
         texts = generation or [start + _text(completion) for start, completion in zip(starts, completions, strict=True)]
         tasks = [self.task(i, step, text, context_id) for i, text in enumerate(texts)]
         scores = self.scores(tasks)
-        limit = self.config.train.max_completion_length
         rewards = []
         for i, task in enumerate(tasks):
-            if completion_ids is not None and len(completion_ids[i]) >= limit:
-                rewards.append(self.config.reward.overflow_reward)
+            if completion_ids is not None and len(completion_ids[i]) >= self.max_completion_length:
+                rewards.append(self.overflow_reward)
             else:
                 rewards.append(self.rule(task, scores[i]))
         if self.sampler is not None and context_id:
@@ -124,9 +149,7 @@ class RewardScorer:
     def solver_utilities(self, tasks: list[Task]) -> dict[int, float]:
         """Utility from K real solver attempts per valid task, graded as the label stage does."""
         position = {task.id: i for i, task in enumerate(tasks)}
-        valid = [task for task in tasks if task.validity.valid]
-        labels = [label_of(task, attempts, self.config.label) for task, attempts in
-                  graded_attempts(self.run, valid, self.config.label.k, description="solver in the loop")]  # fmt: skip
+        labels = self.solve([task for task in tasks if task.validity.valid])
         self.solver_attempts = sum(len(label.attempts) for label in labels)
         return {position[label.task_id]: float(label.utility or 0) for label in labels}  # too few gradable: 0
 
@@ -148,7 +171,7 @@ class RewardScorer:
     def log(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], replayed: int = 0) -> None:
         """Reward mean/std, validity rate, degenerate groups (all rewards equal), probe score spread,
         and the solver runs the call spent when the rule reads live solver utility."""
-        group = self.config.train.group_size
+        group = self.group_size
         groups = [rewards[i : i + group] for i in range(0, len(rewards), group)]
         probabilities = [s["probability"] for s in scores if "probability" in s]
         entry = {
@@ -169,3 +192,33 @@ class RewardScorer:
         if self.log_path is not None:
             with self.log_path.open("a") as handle:
                 handle.write(json.dumps(entry) + "\n")
+
+
+def reward_scorer(
+    run: Run,
+    reward: RewardConfig,
+    train: TrainConfig,
+    main_probe: Path,
+    solve: Callable[[list[Task]], list[Label]] | None = None,
+    **options: Any,
+) -> RewardScorer:
+    """The reward function GRPO gets under ``reward`` (rule and extra probes) and ``train`` (length
+    limit, group size): the rule built once, and the probe bundles (``main_probe`` first, then
+    ``reward.probes``) loaded only when the rule reads them. ``options``: ``log_path``, ``sampler``,
+    ``replay``."""
+    rule = run.registry.reward_rule(reward.rule, reward)
+    probes = []
+    if reads_probe(rule):
+        if not (Path(main_probe) / "probe.json").exists():
+            raise PropelError(f"no probe bundle in {main_probe}: run `propel probe` first")
+        probes = [load_probe(path, run.registry) for path in [main_probe, *reward.probes]]
+    return RewardScorer(
+        run.domain(),
+        rule,
+        probes,
+        overflow_reward=reward.overflow_reward,
+        max_completion_length=train.max_completion_length,
+        group_size=train.group_size,
+        solve=solve,
+        **options,
+    )

@@ -1,4 +1,11 @@
-"""What a stage gets: the validated config, the registry, its run folder, models and a progress bar."""
+"""What a stage gets: the validated config, the registry, its run folder, models, an executor, a
+progress bar and the channel for what it tells the user.
+
+Stages read ``run.config``; the library they call (execution, training, probes, evaluation, ...) takes
+a ``Run`` only for these services and gets every setting as an argument, so a caller that needs
+another value (evaluation's seed and K, co-evolution's reward rule) passes it instead of forging a
+config. Plugin commands build their run with :func:`start_run`, as the CLI's verbs do.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +14,19 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import click
 
 from propel_core.backend import ModelBackend
-from propel_core.config import PropelConfig, dump_config
+from propel_core.config import ModelConfig, PropelConfig, dump_config, load_config
+from propel_core.contracts import ContextSampler, Executor
 from propel_core.domain import Domain
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
+
+if TYPE_CHECKING:
+    from propel_core.execution import Worker
 
 log = logging.getLogger("propel")
 
@@ -23,8 +36,8 @@ class Run:
     config: PropelConfig
     registry: Registry
     quiet: bool = False
-    _domain: Domain | None = field(default=None, repr=False)
-    _executor: Any = field(default=None, repr=False)
+    _domain: Domain | None = field(default=None, init=False, repr=False)
+    _executor: Executor | None = field(default=None, init=False, repr=False)
 
     @property
     def dir(self) -> Path:
@@ -52,15 +65,34 @@ class Run:
             self._domain = self.registry.domain(self.config.domain.name, **self.config.domain.options)
         return self._domain
 
-    def executor(self) -> Any:
+    def executor(self) -> Executor:
         """The configured executor (``executor.name``), created on first use and shared by the run's stages."""
         if self._executor is None:
             executor = self.config.executor
-            self._executor = self.component("executors", executor.name)(workers=executor.workers, **executor.options)
+            self._executor = self.registry.executor(executor.name, executor.workers, **executor.options)
         return self._executor
+
+    def context_sampler(self, seed: int) -> ContextSampler:
+        """A fresh sampler of the configured kind (``generate.context_sampler``) over the domain's
+        contexts, seeded ``seed``."""
+        generate = self.config.generate
+        return self.registry.context_sampler(
+            generate.context_sampler, self.domain().contexts(), seed, **generate.sampler_options
+        )
+
+    def worker(self, model: ModelConfig) -> Worker:
+        """What a job of this run runs with: the domain and ``model`` with its sampling."""
+        from propel_core.execution import Worker
+
+        return Worker(self.config.domain, model, model.sampling, self.registry, self.domain())
 
     def component(self, kind: str, name: str) -> Any:
         return self.registry.get(kind, name)
+
+    def say(self, text: str) -> None:
+        """Tell the user what a stage found (its summary, table or verdict): on standard output, also
+        with ``-q``, which silences only progress (bars and ``log`` messages)."""
+        click.echo(text)
 
     @contextlib.contextmanager
     def progress(self, description: str, total: int) -> Iterator[Callable[..., None]]:
@@ -68,8 +100,13 @@ class Run:
         and how many jobs are running now when the caller knows."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[running]}"), TimeRemainingColumn())  # fmt: skip
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[running]}"),
+            TimeRemainingColumn(),
+        )
         with Progress(*columns, disable=self.quiet, transient=False) as bar:
             task = bar.add_task(description, total=total, running="")
 
@@ -77,3 +114,15 @@ class Run:
                 bar.update(task, advance=n, **({} if in_flight is None else {"running": f"{in_flight} in flight"}))
 
             yield advance
+
+
+def start_run(
+    configs: list[str | Path], overrides: list[str] = (), quiet: bool = False, registry: Registry | None = None
+) -> Run:
+    """The run a command works in: ``configs`` merged with ``key=value`` ``overrides``, validated
+    against the installed plugins, its folder made and its resolved config saved there. The CLI's
+    verbs and plugin commands (``propel swe preflight``) start this way."""
+    registry = registry or Registry.build()
+    run = Run(load_config([str(path) for path in configs], list(overrides), registry), registry, quiet=quiet)
+    run.save_config()
+    return run

@@ -2,9 +2,9 @@
 
 Fixtures:
 
-- ``plugin_manager``: a fresh plugin manager (installed plugins + built-ins) for this test only.
-- ``registry``: the component registry built from that manager.
-- ``register_plugin(obj, name=None)``: add a plugin object (a module, class or any object with
+- ``propel_plugin_manager``: a fresh plugin manager (installed plugins + built-ins) for this test only.
+- ``propel_registry``: the component registry built from that manager.
+- ``propel_register_plugin(obj, name=None)``: add a plugin object (a module, class or any object with
   ``@hookimpl`` functions) to the fresh manager and return the rebuilt registry.
 - ``propel_cli(*args, check=True)``: run the installed ``propel`` command as a user would and return
   the completed process (``stdout``, ``stderr``, ``returncode``).
@@ -14,11 +14,15 @@ Fixtures:
   test started; None (the process killed) if it exits or the time runs out.
 - ``serving_embedded_model()``: ``transformers serve`` (the OpenAI-compatible server from PyPI) with
   the embedded model on a free loopback port, as a context manager yielding (base URL, model name).
-- ``embedded_backend``: the transformers backend on the embedded default model, loaded once a session.
-- ``loopback_server``: an OpenAI-compatible HTTP server on 127.0.0.1 answering with that model
+- ``propel_embedded_backend``: the transformers backend on the embedded default model, loaded once a
+  session.
+- ``propel_loopback_server``: an OpenAI-compatible HTTP server on 127.0.0.1 answering with that model
   (:class:`LoopbackServer`), one a session; it can fail or drop choices on purpose.
-- ``ray_cluster``: a real two-node Ray cluster on this machine (each node: 2 CPUs and ``sandbox: 2``),
-  started once a session and connected; skipped where Ray is not installed.
+- ``propel_ray_cluster``: a real two-node Ray cluster on this machine (each node: 2 CPUs and
+  ``sandbox: 2``), started once a session and connected; skipped where Ray is not installed.
+
+Every fixture's name starts with ``propel_``, so none shadows or is shadowed by a fixture of a
+generic name (``registry``, ``plugin_manager``) in the test suite that uses them.
 
 Nothing is global: each test gets its own manager, so plugins registered in one test never leak
 into another.
@@ -42,20 +46,20 @@ from propel_core.plugins import Registry, get_plugin_manager
 
 
 @pytest.fixture
-def plugin_manager():
+def propel_plugin_manager():
     return get_plugin_manager()
 
 
 @pytest.fixture
-def registry(plugin_manager):
-    return Registry.build(plugin_manager)
+def propel_registry(propel_plugin_manager):
+    return Registry.build(propel_plugin_manager)
 
 
 @pytest.fixture
-def register_plugin(plugin_manager):
+def propel_register_plugin(propel_plugin_manager):
     def register(plugin: object, name: str | None = None) -> Registry:
-        plugin_manager.register(plugin, name=name)
-        return Registry.build(plugin_manager)
+        propel_plugin_manager.register(plugin, name=name)
+        return Registry.build(propel_plugin_manager)
 
     return register
 
@@ -116,13 +120,27 @@ def serving_embedded_model(timeout: float = 180):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     model = str(embedded_model_path())
-    command = [str(Path(sys.executable).with_name("transformers")), "serve", model, "--host", "127.0.0.1", "--port",
-               str(port), "--device", "cpu"]  # fmt: skip
+    command = [
+        str(Path(sys.executable).with_name("transformers")),
+        "serve",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+    ]
     with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=log,
-                                   stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        if wait_until_up(process, lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2),
-                         timeout) is None:  # fmt: skip
+        process = subprocess.Popen(
+            command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=log, stderr=subprocess.STDOUT, text=True
+        )
+        if (
+            wait_until_up(
+                process, lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2), timeout
+            )
+            is None
+        ):
             log.seek(0)
             raise RuntimeError(f"transformers serve did not start: {log.read()[-2000:]}")
         try:
@@ -133,7 +151,7 @@ def serving_embedded_model(timeout: float = 180):
 
 
 @pytest.fixture(scope="session")
-def embedded_backend():
+def propel_embedded_backend():
     """The transformers backend on the embedded default model, loaded once per session."""
     from propel_core.config import ModelConfig
     from propel_plugins.backends import TransformersBackend
@@ -143,15 +161,16 @@ def embedded_backend():
 
 class LoopbackServer:
     """``/v1/chat/completions`` and ``/v1/completions`` on 127.0.0.1, answered by ``backend`` under the
-    served name ``smol``, one generation at a time. ``failures`` answers that many requests with 503;
-    ``max_choices`` returns at most that many choices (a server that ignores ``n``). ``requests``
-    records (path, body, Authorization header)."""
+    served name ``smol``, one generation at a time. ``failures`` answers that many requests with 503
+    (with a ``Retry-After: retry_after`` header when that is set); ``max_choices`` returns at most that
+    many choices (a server that ignores ``n``). ``requests`` records (path, body, Authorization header)."""
 
     def __init__(self, backend, delay: float = 0.0):
         self.backend, self.delay = backend, delay
         self.requests: list[tuple[str, dict, str | None]] = []
         self.failures, self.in_flight, self.most_in_flight = 0, 0, 0
         self.max_choices: int | None = None
+        self.retry_after: str | None = None
         self.lock, self.model_lock = threading.Lock(), threading.Lock()
         server = self
 
@@ -166,7 +185,7 @@ class LoopbackServer:
                     server.most_in_flight = max(server.most_in_flight, server.in_flight)
                 try:
                     if fail:
-                        return self.answer(503, {"error": "busy"})
+                        return self.answer(503, {"error": "busy"}, retry_after=server.retry_after)
                     if body.get("model") != "smol":
                         return self.answer(404, {"error": f"model {body.get('model')} is not served"})
                     self.answer(200, {"choices": server.choices(body)})
@@ -174,9 +193,11 @@ class LoopbackServer:
                     with server.lock:
                         server.in_flight -= 1
 
-            def answer(self, code, payload):
+            def answer(self, code, payload, retry_after=None):
                 data = json.dumps(payload).encode()
                 self.send_response(code)
+                if retry_after is not None:
+                    self.send_header("Retry-After", retry_after)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -193,15 +214,21 @@ class LoopbackServer:
         from propel_core.config import Sampling
 
         time.sleep(self.delay)  # long enough for concurrent requests to overlap, where a test needs it
-        sampling = Sampling(temperature=body["temperature"], top_p=body["top_p"], top_k=body.get("top_k", 0),
-                            max_new_tokens=body["max_tokens"])  # fmt: skip
+        sampling = Sampling(
+            temperature=body["temperature"],
+            top_p=body["top_p"],
+            top_k=body.get("top_k", 0),
+            max_new_tokens=body["max_tokens"],
+        )
         prompt = body.get("messages") or body["prompt"]
         n = body["n"] if self.max_choices is None else min(body["n"], self.max_choices)
         with self.model_lock:  # one model, one generation at a time
             (texts,) = self.backend.generate([prompt], sampling, n=max(n, 1), seed=body.get("seed"))
         key = "message" if "messages" in body else "text"
-        choices = [{"index": i, key: {"role": "assistant", "content": t} if key == "message" else t}
-                   for i, t in enumerate(texts[:n])]  # fmt: skip
+        choices = [
+            {"index": i, key: {"role": "assistant", "content": t} if key == "message" else t}
+            for i, t in enumerate(texts[:n])
+        ]
         return list(reversed(choices))  # order must not matter
 
     def close(self) -> None:
@@ -209,16 +236,16 @@ class LoopbackServer:
 
 
 @pytest.fixture(scope="session")
-def loopback_server(embedded_backend):
-    server = LoopbackServer(embedded_backend)
+def propel_loopback_server(propel_embedded_backend):
+    server = LoopbackServer(propel_embedded_backend)
     yield server
     server.close()
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
+def propel_ray_cluster():
     """A two-node Ray cluster on this machine (head and one worker node, 2 CPUs and ``sandbox: 2``
-    each), connected for the session; ``ray_cluster.add_node`` / ``remove_node`` change it."""
+    each), connected for the session; ``propel_ray_cluster.add_node`` / ``remove_node`` change it."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 

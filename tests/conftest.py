@@ -17,10 +17,20 @@ def example_plugin_site(tmp_path_factory) -> Path:
     """``pip install`` the example domain package into a folder of its own, once per session."""
     site = tmp_path_factory.mktemp("example-site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--target", str(site), str(EXAMPLE_PLUGIN)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(EXAMPLE_PLUGIN),
+        ],
         check=True,
-    )  # fmt: skip
+    )
     return site
 
 

@@ -14,8 +14,14 @@ def test_help_lists_verbs(propel_cli):
 def test_plugins_json(propel_cli):
     plugins = {p["name"]: p for p in json.loads(propel_cli("plugins", "--json").stdout)["plugins"]}
     assert plugins["propel_plugins.rewards"]["registers"]["reward_rules"] == [
-        "adversarial", "hard", "partial_instrumentation", "probe_only", "soft", "solver_in_the_loop", "wco",
-    ]  # fmt: skip
+        "adversarial",
+        "hard",
+        "partial_instrumentation",
+        "probe_only",
+        "soft",
+        "solver_in_the_loop",
+        "wco",
+    ]
     assert plugins["countdown"]["registers"]["domains"] == ["countdown"]
     assert plugins["countdown"]["version"] == "0.1.0"
     assert set(plugins["countdown"]) == {"name", "version", "registers"}
@@ -46,7 +52,7 @@ def test_bad_config_fails_before_models_load(propel_cli, tmp_path):
 
 @pytest.mark.slow
 def test_generate_writes_records_and_resumes(propel_cli, tmp_path):
-    from propel_core.records import Task, read_jsonl
+    from propel_core.records import Task, iter_jsonl
 
     config = tmp_path / "c.yaml"
     config.write_text(
@@ -54,7 +60,7 @@ def test_generate_writes_records_and_resumes(propel_cli, tmp_path):
     )
     first = propel_cli("-q", "generate", str(config), "generate.num_tasks=3")
     assert "generated 3 -> parsed" in first.stdout
-    tasks = read_jsonl(tmp_path / "run" / "tasks.jsonl", Task)
+    tasks = list(iter_jsonl(tmp_path / "run" / "tasks.jsonl", Task))
     assert sorted(t.id for t in tasks) == ["t000000", "t000001", "t000002"]  # in the order they finished
     assert all(t.domain == "countdown" and t.generator == "SmolLM2-135M-Instruct" for t in tasks)
     assert all(t.validity.valid or t.validity.reason for t in tasks)
@@ -62,7 +68,7 @@ def test_generate_writes_records_and_resumes(propel_cli, tmp_path):
     assert (tmp_path / "run" / "config.yaml").exists()
 
     propel_cli("-q", "generate", str(config), "generate.num_tasks=5")
-    resumed = read_jsonl(tmp_path / "run" / "tasks.jsonl", Task)
+    resumed = list(iter_jsonl(tmp_path / "run" / "tasks.jsonl", Task))
     assert sorted(t.id for t in resumed) == [f"t00000{i}" for i in range(5)]
     assert resumed[:3] == tasks  # finished records untouched, none written twice
 

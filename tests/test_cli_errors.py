@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from propel_core.errors import PropelError
-from propel_core.records import JsonlWriter, Task, Validity, read_jsonl
+from propel_core.records import JsonlWriter, Task, Validity, iter_jsonl
 
 
 @pytest.fixture
@@ -54,8 +54,11 @@ def assert_one_line_error(result, *parts):
 def test_missing_model_path(propel_cli, tmp_path, model):
     config = arithmetic_config(tmp_path, tmp_path / "run")
     result = propel_cli("-q", "generate", str(config), f"generator.model={model}", check=False)
-    assert_one_line_error(result, f"model {os.path.normpath(model)} does not exist",
-                          "give a local model folder, a .gguf file or a Hugging Face hub id")  # fmt: skip
+    assert_one_line_error(
+        result,
+        f"model {os.path.normpath(model)} does not exist",
+        "give a local model folder, a .gguf file or a Hugging Face hub id",
+    )
 
 
 def test_folder_that_is_not_a_model(propel_cli, tmp_path):
@@ -117,12 +120,12 @@ def test_full_disk_during_generate_keeps_records_and_resumes(propel_cli, tmp_pat
     tasks_file = disk / "run" / "tasks.jsonl"
     result = propel_cli("-q", "generate", str(config), "generate.num_tasks=16", check=False)
     assert_one_line_error(result, f"{tasks_file}: no space left on the device", "rerun the command to go on")
-    kept = read_jsonl(tasks_file, Task)
+    kept = list(iter_jsonl(tasks_file, Task))
     assert 0 < len(kept) < 16  # records of 300+ bytes: about 13 fit in the page left
     assert tasks_file.read_bytes().count(b"\n") == len(kept) and tasks_file.read_bytes().endswith(b"\n")
 
     filler.unlink()
     propel_cli("-q", "generate", str(config), "generate.num_tasks=16")
-    resumed = read_jsonl(tasks_file, Task)
+    resumed = list(iter_jsonl(tasks_file, Task))
     assert sorted(t.id for t in resumed) == [f"t{i:06d}" for i in range(16)]
     assert resumed[: len(kept)] == kept

@@ -12,8 +12,8 @@ def config_file(tmp_path):
     return path
 
 
-def test_paper_defaults(registry):
-    config = validate_config({"domain": {"name": "countdown"}}, registry)
+def test_paper_defaults(propel_registry):
+    config = validate_config({"domain": {"name": "countdown"}}, propel_registry)
     assert (config.label.k, config.label.band_low, config.label.band_high) == (8, 1 / 8, 3 / 8)
     assert (config.solver.sampling.temperature, config.solver.sampling.top_p, config.solver.sampling.top_k) == (
         0.6,
@@ -28,9 +28,9 @@ def test_paper_defaults(registry):
     assert config.generator.model is None  # the embedded default
 
 
-def test_yaml_then_overrides(config_file, registry, monkeypatch):
+def test_yaml_then_overrides(config_file, propel_registry, monkeypatch):
     monkeypatch.setenv("HOME", "/home/someone")
-    config = load_config(config_file, ["label.k=3", "reward.rule=soft", "solver.sampling.top_k=5"], registry)
+    config = load_config(config_file, ["label.k=3", "reward.rule=soft", "solver.sampling.top_k=5"], propel_registry)
     assert config.label.k == 3
     assert config.reward.rule == "soft"
     assert config.solver.sampling.top_k == 5
@@ -45,89 +45,93 @@ ROLE_SAMPLING = {
 
 @pytest.mark.parametrize("role", sorted(ROLE_SAMPLING))
 @pytest.mark.parametrize("how", ["yaml", "override"])
-def test_one_sampling_key_keeps_the_roles_other_defaults(role, how, tmp_path, registry):
+def test_one_sampling_key_keeps_the_roles_other_defaults(role, how, tmp_path, propel_registry):
     path = tmp_path / "run.yaml"
     path.write_text("domain:\n  name: countdown\n")
     if how == "yaml":
         path.write_text(path.read_text() + f"{role}:\n  sampling: {{max_new_tokens: 64}}\n")
-    config = load_config(path, [f"{role}.sampling.max_new_tokens=64"] if how == "override" else [], registry)
+    config = load_config(path, [f"{role}.sampling.max_new_tokens=64"] if how == "override" else [], propel_registry)
     assert getattr(config, role).sampling.model_dump() == {**ROLE_SAMPLING[role], "max_new_tokens": 64}
 
 
 @pytest.mark.parametrize("role", sorted(ROLE_SAMPLING))
-def test_other_role_keys_keep_the_sampling_defaults(role, tmp_path, registry):
+def test_other_role_keys_keep_the_sampling_defaults(role, tmp_path, propel_registry):
     path = tmp_path / "run.yaml"
     path.write_text(f"domain:\n  name: countdown\n{role}:\n  model: Qwen/Qwen2.5-3B\n  sampling:\n    top_p: 0.5\n")
-    config = load_config(path, [f"{role}.batch_size=2", f"{role}.sampling.temperature=0.1"], registry)
+    config = load_config(path, [f"{role}.batch_size=2", f"{role}.sampling.temperature=0.1"], propel_registry)
     section = getattr(config, role)
     assert (section.model, section.batch_size) == ("Qwen/Qwen2.5-3B", 2)
     assert section.sampling.model_dump() == {**ROLE_SAMPLING[role], "top_p": 0.5, "temperature": 0.1}
 
 
-def test_reference_defaults_to_generator(registry):
-    config = validate_config({"domain": {"name": "countdown"}, "generator": {"model": "Qwen/Qwen2.5-3B"}}, registry)
+def test_reference_defaults_to_generator(propel_registry):
+    config = validate_config(
+        {"domain": {"name": "countdown"}, "generator": {"model": "Qwen/Qwen2.5-3B"}}, propel_registry
+    )
     assert config.reference.model == "Qwen/Qwen2.5-3B"
     cold = validate_config(
-        {"domain": {"name": "countdown"}, "generator": {"model": "a"}, "reference": {"model": "b"}}, registry
+        {"domain": {"name": "countdown"}, "generator": {"model": "a"}, "reference": {"model": "b"}}, propel_registry
     )
     assert cold.reference.model == "b"
 
 
-def test_wrong_reward_name_lists_installed(config_file, registry):
+def test_wrong_reward_name_lists_installed(config_file, propel_registry):
     with pytest.raises(ConfigError) as err:
-        load_config(config_file, ["reward.rule=wc0"], registry)
+        load_config(config_file, ["reward.rule=wc0"], propel_registry)
     assert (
         "reward.rule: unknown reward rule 'wc0'; installed: adversarial, hard, partial_instrumentation, probe_only, soft, solver_in_the_loop, wco"
         in str(err.value)
     )
 
 
-def test_unknown_key_lists_valid_keys(config_file, registry):
+def test_unknown_key_lists_valid_keys(config_file, propel_registry):
     with pytest.raises(ConfigError) as err:
-        load_config(config_file, ["generator.sampling.tempreature=0.5"], registry)
+        load_config(config_file, ["generator.sampling.tempreature=0.5"], propel_registry)
     message = str(err.value)
     assert "generator.sampling.tempreature: unknown key" in message
     assert "max_new_tokens, temperature, top_k, top_p" in message
 
 
-def test_unknown_top_level_section(config_file, registry):
+def test_unknown_top_level_section(config_file, propel_registry):
     with pytest.raises(ConfigError, match=r"rewards: unknown key; valid keys here: .*reward"):
-        load_config(config_file, ["rewards.rule=hard"], registry)
+        load_config(config_file, ["rewards.rule=hard"], propel_registry)
 
 
-def test_bad_value_names_key_and_value(config_file, registry):
+def test_bad_value_names_key_and_value(config_file, propel_registry):
     with pytest.raises(ConfigError) as err:
-        load_config(config_file, ["label.k=-2", "train.loss_type=ppo"], registry)
+        load_config(config_file, ["label.k=-2", "train.loss_type=ppo"], propel_registry)
     message = str(err.value)
     assert "label.k = -2: Input should be greater than 0" in message
     assert "train.loss_type = 'ppo'" in message and "'grpo', 'dr_grpo', 'dapo', 'bnpo', 'cispo' or 'sapo'" in message
 
 
-def test_band_must_be_ordered(registry):
+def test_band_must_be_ordered(propel_registry):
     with pytest.raises(ConfigError, match=r"band_low .* must not exceed band_high"):
-        validate_config({"domain": {"name": "countdown"}, "label": {"band_low": 0.5, "band_high": 0.25}}, registry)
+        validate_config(
+            {"domain": {"name": "countdown"}, "label": {"band_low": 0.5, "band_high": 0.25}}, propel_registry
+        )
 
 
-def test_missing_domain(registry):
+def test_missing_domain(propel_registry):
     with pytest.raises(ConfigError, match="domain: required key is missing"):
-        validate_config({}, registry)
+        validate_config({}, propel_registry)
 
 
-def test_unknown_pooler_in_list(registry):
+def test_unknown_pooler_in_list(propel_registry):
     with pytest.raises(ConfigError, match=r"probe\.poolings: unknown pooler 'mean_last'"):
-        validate_config({"domain": {"name": "countdown"}, "probe": {"poolings": ["max", "mean_last"]}}, registry)
+        validate_config({"domain": {"name": "countdown"}, "probe": {"poolings": ["max", "mean_last"]}}, propel_registry)
 
 
-def test_missing_file(registry):
+def test_missing_file(propel_registry):
     with pytest.raises(ConfigError, match=r"config file not found: nope\.yaml"):
-        load_config("nope.yaml", [], registry)
+        load_config("nope.yaml", [], propel_registry)
 
 
 @pytest.mark.parametrize(
     ("field", "value", "named"),
     [("layers", [3, 7, 3], "3"), ("architectures", ["mlp", "linear", "mlp"], "mlp"), ("seeds", [0, 0], "0")],
 )
-def test_a_sweep_axis_lists_each_value_once(registry, field, value, named):
+def test_a_sweep_axis_lists_each_value_once(propel_registry, field, value, named):
     """A repeated layer, architecture, ... would train the same cells twice and merge their results."""
     with pytest.raises(ConfigError, match=rf"probe.*{field} lists {named} more than once"):
-        validate_config({"domain": {"name": "arithmetic"}, "probe": {field: value}}, registry)
+        validate_config({"domain": {"name": "arithmetic"}, "probe": {field: value}}, propel_registry)

@@ -1,26 +1,43 @@
-"""Docs and hooks match: every hook has a heading in docs/plugin_hooks.md and a test in test_hooks.py."""
+"""Docs match the code: docs/plugin_hooks.md is what scripts/hook_docs.py renders from the hook specs,
+every hook has a test in test_hooks.py, every CLI verb and config section is documented, and the
+README's layout table and domain list name what the repository holds."""
 
 import ast
+import importlib.util
 import inspect
 import re
 from pathlib import Path
 
+import pluggy
 import pytest
 
 from propel_core import hookspecs
 
 ROOT = Path(__file__).parent.parent
-HOOKS = [name for name, obj in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("register_")]
+_spec = importlib.util.spec_from_file_location("hook_docs", ROOT / "scripts" / "hook_docs.py")
+hook_docs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hook_docs)
+HOOKS = [hook.__name__ for hook in hook_docs.hooks()]
 
 
 def test_hooks_found():
-    assert len(HOOKS) == 10
+    """The generator documents exactly the hooks pluggy reads from hookspecs.py."""
+    pm = pluggy.PluginManager("propel")
+    pm.add_hookspecs(hookspecs)
+    assert HOOKS and set(HOOKS) == set(vars(pm.hook))
+
+
+def test_plugin_hooks_page_is_generated():
+    page = (ROOT / "docs" / "plugin_hooks.md").read_text()
+    assert page == hook_docs.render(), (
+        f"docs/plugin_hooks.md is out of date with propel_core/hookspecs.py; run `{hook_docs.COMMAND}`"
+    )
 
 
 @pytest.mark.parametrize("hook", HOOKS)
-def test_hook_documented(hook):
-    headings = re.findall(r"^## (\w+)\(", (ROOT / "docs" / "plugin_hooks.md").read_text(), re.MULTILINE)
-    assert hook in headings
+def test_hook_signature_documented(hook):
+    signature = f"{hook}{inspect.signature(getattr(hookspecs, hook))}"
+    assert f"\n## {signature}\n" in (ROOT / "docs" / "plugin_hooks.md").read_text()
 
 
 @pytest.mark.parametrize("hook", HOOKS)
@@ -44,3 +61,68 @@ def test_every_config_section_documented():
     text = (ROOT / "docs" / "config.md").read_text()
     for section in PropelConfig.model_fields:
         assert f"`{section}`" in text, section
+
+
+def _readme_layout() -> dict[str, str]:
+    """The README's "## Layout" table: first column (the path, without backticks) -> second column."""
+    section = (ROOT / "README.md").read_text().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("|")]
+    return {cells[0].strip().strip("`"): cells[1].strip() for cells in rows[2:]}  # after header, rule
+
+
+def test_readme_layout_paths_exist():
+    layout = _readme_layout()
+    assert layout, "README.md has no Layout table"
+    missing = [path for path in layout if not (ROOT / path).exists()]
+    assert not missing, f"README.md's Layout names paths the repository does not have: {missing}"
+
+
+def test_readme_names_every_domain(monkeypatch):
+    """The domain packages under domains/, the README's Layout row for them, the domains they register
+    and the README intro's list of domains all agree."""
+    import tomllib
+
+    from propel_core.plugins import Registry
+
+    packages = {}  # distribution name -> its propel entry-point names
+    for pyproject in sorted((ROOT / "domains").glob("*/pyproject.toml")):
+        project = tomllib.loads(pyproject.read_text())["project"]
+        assert project["name"] == pyproject.parent.name, f"{pyproject}: the package is named after its folder"
+        packages[project["name"]] = set(project.get("entry-points", {}).get("propel", {}))
+    assert packages
+    assert set(re.findall(r"`([\w-]+)`", _readme_layout()["domains/"])) == set(packages)
+
+    monkeypatch.delenv("PROPEL_LOAD_PLUGINS", raising=False)
+    components = Registry.build().components["domains"]
+    registered = {
+        package: {name for name, component in components.items() if component.plugin in entry_points}
+        for package, entry_points in packages.items()
+    }
+    assert all(registered.values()), f"a package under domains/ registers no domain: {registered}"
+    domains = set().union(*registered.values())
+
+    intro = " ".join((ROOT / "README.md").read_text().split("\n## ", 1)[0].split())
+    count, listed = re.search(r"(\w+) domains \(([^)]*)\)", intro).groups()
+    named = {item.split()[0].lower() for item in listed.split(", ")}
+    numbers = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+    assert named == domains and numbers.index(count) == len(domains), (
+        f"README says {count} domains ({listed}); the packages under domains/ register {sorted(domains)}"
+    )
+
+
+def test_config_doc_quotes_the_real_errors(propel_registry):
+    from propel_core.config import ConfigError, validate_config
+
+    text = " ".join((ROOT / "docs" / "config.md").read_text().split())
+    with pytest.raises(ConfigError) as err:
+        validate_config({"domain": {"name": "countdown"}, "train": {"loss_type": "ppo"}}, propel_registry)
+    (quoted,) = [line.strip("- ") for line in str(err.value).splitlines() if "loss_type" in line]
+    assert f"`{quoted}`" in text
+
+
+def test_cli_doc_names_the_demo_domain():
+    import yaml
+
+    demo = yaml.safe_load((ROOT / "propel_core" / "configs" / "demo.yaml").read_text())
+    section = (ROOT / "docs" / "cli.md").read_text().split("## propel demo\n", 1)[1].split("\n## ", 1)[0]
+    assert f"the {demo['domain']['name']} domain" in " ".join(section.split())

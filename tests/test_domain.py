@@ -42,8 +42,15 @@ def test_an_unexpected_failure_rejects_the_task(generation, reason):
 
 
 def test_an_unexpected_grader_failure_makes_the_attempt_ungradable():
-    task = Task(id="a", domain="tiny", context_id="c0", generation="x", payload={"text": "x"},
-                validity=Validity.ok(), generator="m")  # fmt: skip
+    task = Task(
+        id="a",
+        domain="tiny",
+        context_id="c0",
+        generation="x",
+        payload={"text": "x"},
+        validity=Validity.ok(),
+        generator="m",
+    )
     attempt = grade_attempt(Fragile(), task, "crash")
     assert attempt.solved is None and attempt.reason.startswith("grader failed: OSError")
     assert grade_attempt(Fragile(), task, "x").solved is True

@@ -57,13 +57,27 @@ def test_share_is_binomial():
 
 def task(i, valid, text=None, topic=None):
     validity = Validity.ok() if valid else Validity.reject("no")
-    return Task(id=f"t{i}", domain="d", context_id="c", generation="", generator="g", payload={} if valid else None,
-                text=text, topic=topic, validity=validity)  # fmt: skip
+    return Task(
+        id=f"t{i}",
+        domain="d",
+        context_id="c",
+        generation="",
+        generator="g",
+        payload={} if valid else None,
+        text=text,
+        topic=topic,
+        validity=validity,
+    )
 
 
 def test_arm_metrics_use_all_generations_as_the_utility_denominator():
-    tasks = [task(0, True, "a b c d", "x"), task(1, True, "a b c e", "x"), task(2, True, "q r s t", "y"),
-             task(3, False), task(4, False)]  # fmt: skip
+    tasks = [
+        task(0, True, "a b c d", "x"),
+        task(1, True, "a b c e", "x"),
+        task(2, True, "q r s t", "y"),
+        task(3, False),
+        task(4, False),
+    ]
     labels = [
         Label.from_attempts(
             "t0", [SolverAttempt(text="", solved=s) for s in (True, False, False, False)], (0.25, 0.5), 1

@@ -30,12 +30,12 @@ def test_absent_when_not_installed(propel_cli):
 
 @pytest.mark.slow
 def test_generate_with_third_party_domain(example_plugin, propel_cli, tmp_path):
-    from propel_core.records import Task, read_jsonl
+    from propel_core.records import Task, iter_jsonl
 
     config = tmp_path / "c.yaml"
     config.write_text(f"domain:\n  name: reverse_word\nrun_dir: {tmp_path}\ngenerate:\n  num_tasks: 4\n")
     propel_cli("-q", "generate", str(config), "generator.sampling.max_new_tokens=6")
-    tasks = read_jsonl(tmp_path / "tasks.jsonl", Task)
+    tasks = list(iter_jsonl(tmp_path / "tasks.jsonl", Task))
     assert len(tasks) == 4 and {t.domain for t in tasks} == {"reverse_word"}
     assert all(t.context_id.startswith("letter-") for t in tasks)
     parsed = [t for t in tasks if t.payload is not None]

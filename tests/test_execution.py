@@ -12,7 +12,7 @@ from propel_core import hookimpl
 from propel_core.config import DomainConfig, ModelConfig, Sampling
 from propel_core.domain import Domain, ParseError, Verdict
 from propel_core.execution import Attempt, Episode, Worker, job_seed, task_id
-from propel_core.records import Context, Task, read_jsonl
+from propel_core.records import Context, Task, iter_jsonl
 from propel_core.testing import kill_when_written
 from propel_plugins.executors import LocalExecutor
 
@@ -54,8 +54,11 @@ class Talk(Domain):
     def solver_episode(self, payload, reply):
         messages = self.solver_prompt(payload)
         first = reply(messages)
-        return first + "\n" + reply([*messages, {"role": "assistant", "content": first},
-                                     {"role": "user", "content": "Once more."}])  # fmt: skip
+        return (
+            first
+            + "\n"
+            + reply([*messages, {"role": "assistant", "content": first}, {"role": "user", "content": "Once more."}])
+        )
 
     def grade(self, payload, attempt):
         return Verdict(payload["turns"][0].split()[:1] == attempt.split()[:1])
@@ -74,13 +77,14 @@ def run_all(worker, jobs, workers):
     return results, executor.generate_calls
 
 
-def test_batched_turns_give_the_same_episodes_with_fewer_calls(register_plugin):
+def test_batched_turns_give_the_same_episodes_with_fewer_calls(propel_register_plugin):
     """Greedy episodes, then sampled attempts (each row draws from its own seeded stream)."""
-    registry = register_plugin(TalkPlugin)
+    registry = propel_register_plugin(TalkPlugin)
     greedy = Sampling(temperature=0.0, max_new_tokens=8)
     worker = Worker(DomainConfig(name="talk"), ModelConfig(), greedy, registry, registry.domain("talk"))
-    episodes = [Episode(task_id(i), context, job_seed(0, task_id(i))) for i, context in
-                enumerate(worker.domain.contexts())]  # fmt: skip
+    episodes = [
+        Episode(task_id(i), context, job_seed(0, task_id(i))) for i, context in enumerate(worker.domain.contexts())
+    ]
     batched, batched_calls = run_all(worker, episodes, workers=8)
     alone, alone_calls = run_all(worker, episodes, workers=1)
     assert {job.task_id: task for job, task in batched.items()} == {job.task_id: task for job, task in alone.items()}
@@ -97,12 +101,20 @@ def test_batched_turns_give_the_same_episodes_with_fewer_calls(register_plugin):
     assert calls <= 4
 
 
-def test_a_failing_job_stops_the_run_and_the_others(register_plugin):
-    registry = register_plugin(TalkPlugin)
-    worker = Worker(DomainConfig(name="talk"), ModelConfig(), Sampling(max_new_tokens=4), registry,
-                    registry.domain("talk"))  # fmt: skip
-    broken = Task(id="x", domain="talk", context_id="c", generation="", payload={"turns": []},
-                  validity={"valid": True}, generator="m")  # fmt: skip
+def test_a_failing_job_stops_the_run_and_the_others(propel_register_plugin):
+    registry = propel_register_plugin(TalkPlugin)
+    worker = Worker(
+        DomainConfig(name="talk"), ModelConfig(), Sampling(max_new_tokens=4), registry, registry.domain("talk")
+    )
+    broken = Task(
+        id="x",
+        domain="talk",
+        context_id="c",
+        generation="",
+        payload={"turns": []},
+        validity={"valid": True},
+        generator="m",
+    )
     jobs = [Attempt(broken, j, j) for j in range(6)]
     executor = LocalExecutor(workers=3)
     with pytest.raises(IndexError):
@@ -124,10 +136,11 @@ def test_generate_killed_and_resumed_writes_what_an_uninterrupted_run_writes(tmp
     whole.mkdir(), cut.mkdir()
     propel_cli("-q", "generate", str(generate_config(whole)))
     tasks_path = cut / "tasks.jsonl"
-    kill_when_written([str(Path(sys.executable).with_name("propel")), "-q", "generate", str(generate_config(cut))],
-                      tasks_path, 5)  # fmt: skip
-    assert 5 <= len(read_jsonl(tasks_path, Task)) < 16
+    kill_when_written(
+        [str(Path(sys.executable).with_name("propel")), "-q", "generate", str(generate_config(cut))], tasks_path, 5
+    )
+    assert 5 <= len(list(iter_jsonl(tasks_path, Task))) < 16
     propel_cli("-q", "generate", str(cut / "run.yaml"))
-    by_id = lambda path: sorted(read_jsonl(path, Task), key=lambda task: task.id)  # noqa: E731
+    by_id = lambda path: sorted(list(iter_jsonl(path, Task)), key=lambda task: task.id)  # noqa: E731
     assert by_id(tasks_path) == by_id(whole / "tasks.jsonl")
     assert len(by_id(tasks_path)) == 16

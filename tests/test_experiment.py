@@ -15,7 +15,7 @@ from propel_core.config import validate_config
 from propel_core.domain import make_task
 from propel_core.execution import label_tasks, task_id
 from propel_core.experiment import ARMS, FILE, figures, summarize
-from propel_core.records import JsonlWriter, Label, Task, read_jsonl
+from propel_core.records import JsonlWriter, Label, Task, iter_jsonl
 from propel_core.run import Run
 
 K = 8
@@ -30,8 +30,13 @@ WRITES = {
 
 
 def _run(registry, folder, seed: int = 0, **sections) -> Run:
-    data = {"run_dir": str(folder), "seed": seed, "domain": {"name": "arithmetic"},
-            "solver": {"backend": "arithmetic_skill"}, "label": {"k": K}} | sections  # fmt: skip
+    data = {
+        "run_dir": str(folder),
+        "seed": seed,
+        "domain": {"name": "arithmetic"},
+        "solver": {"backend": "arithmetic_skill"},
+        "label": {"k": K},
+    } | sections
     return Run(validate_config(data, registry), registry, quiet=True)
 
 
@@ -39,15 +44,18 @@ def _tasks(run: Run, generations: list[str]) -> list[Task]:
     domain = run.domain()
     predicates = {name: run.component("validity_predicates", name) for name in domain.validity_predicates}
     contexts = domain.contexts()
-    return [make_task(task_id(i), domain, contexts[i], f"Compute: {text}", "m", predicates)
-            for i, text in enumerate(generations)]  # fmt: skip
+    return [
+        make_task(task_id(i), domain, contexts[i], f"Compute: {text}", "m", predicates)
+        for i, text in enumerate(generations)
+    ]
 
 
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
     """A run folder holding a labeled corpus and every arm of two RL seeds, evaluated."""
+    from propel_core.execution import solver_labels
     from propel_core.plugins import Registry
-    from propel_core.reward import RewardScorer
+    from propel_core.reward import reward_scorer
 
     registry = Registry.build()
     folder = tmp_path_factory.mktemp("frontier")
@@ -57,7 +65,8 @@ def experiment(tmp_path_factory):
     with JsonlWriter(folder / "tasks.jsonl") as out:
         for task in corpus:
             out.write(task)
-    label_tasks(run, [task for task in corpus if task.validity.valid], folder / "labels.jsonl")
+    valid = [task for task in corpus if task.validity.valid]
+    label_tasks(run, valid, folder / "labels.jsonl", run.config.solver, run.config.label, run.config.seed)
     for seed in SEEDS:
         evaluation = _run(registry, folder, seed=1000 + seed)
         for arm in ARMS:
@@ -66,29 +75,48 @@ def experiment(tmp_path_factory):
             with JsonlWriter(where / "tasks.jsonl") as out:
                 for task in tasks:
                     out.write(task)
-            label_tasks(evaluation, [task for task in tasks if task.validity.valid], where / "labels.jsonl")
+            valid = [task for task in tasks if task.validity.valid]
+            label_tasks(evaluation, valid, where / "labels.jsonl", run.config.solver, run.config.label, 1000 + seed)
             # a probe that scores every in-band task +1 and every other labeled task -1
-            labeled = read_jsonl(where / "labels.jsonl", Label)
+            labeled = list(iter_jsonl(where / "labels.jsonl", Label))
             logits = {label.task_id: 1.0 if label.utility else -1.0 for label in labeled}
             (where / "probe_logits.json").write_text(json.dumps(logits))
         # the sil arm's rewards come from live solver runs, counted in its reward log
-        sil = _run(registry, folder, seed=seed, reward={"rule": "solver_in_the_loop"},
-                   train={"group_size": 2, "per_device_batch": 2})  # fmt: skip
+        sil = _run(
+            registry,
+            folder,
+            seed=seed,
+            reward={"rule": "solver_in_the_loop"},
+            train={"group_size": 2, "per_device_batch": 2},
+        )
         (root / "sil" / f"seed-{seed}").mkdir(parents=True)
-        scorer = RewardScorer(sil, probes=[], log_path=root / "sil" / f"seed-{seed}" / "reward_log.jsonl")
+        solve = solver_labels(sil, sil.config.solver, sil.config.label, seed)
+        log_path = root / "sil" / f"seed-{seed}" / "reward_log.jsonl"
+        scorer = reward_scorer(sil, sil.config.reward, sil.config.train, folder / "probes", solve, log_path=log_path)
         prompt = sil.domain().generator_prompt(sil.domain().contexts()[0])
         for completions in ([" 23 * 45", " 3 + 4"], [" 12 * 13", " oops"]):
             scorer([prompt] * 2, [[{"role": "assistant", "content": text}] for text in completions])
         for arm, rewards in (("hard", [-1.0, 0.5]), ("wco", [-2.0, -0.5])):
             where = root / arm / f"seed-{seed}"
             where.mkdir(parents=True)
-            entries = [{"step": step, "reward_mean": reward, "reward_std": 1.0, "validity_rate": 0.75,
-                        "degenerate_groups": 0.0} for step, reward in enumerate(rewards)]  # fmt: skip
+            entries = [
+                {
+                    "step": step,
+                    "reward_mean": reward,
+                    "reward_std": 1.0,
+                    "validity_rate": 0.75,
+                    "degenerate_groups": 0.0,
+                }
+                for step, reward in enumerate(rewards)
+            ]
             (where / "reward_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
             kl = [{"step": step + 1, "kl": 0.01 * (step + 1) * (seed + 1)} for step in range(2)]
             (where / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kl))
-    timings = {"corpus": {"generate": 10.0, "label": 5.0}, "train": {arm: {"0": 100.0, "1": 120.0} for arm in
-               ("hard", "wco", "sil")}, "eval": {}}  # fmt: skip
+    timings = {
+        "corpus": {"generate": 10.0, "label": 5.0},
+        "train": {arm: {"0": 100.0, "1": 120.0} for arm in ("hard", "wco", "sil")},
+        "eval": {},
+    }
     setting = {"domain": "arithmetic", "seeds": SEEDS, "eval_tasks_per_seed": len(WRITES["base"]), "k": K}
     summary = summarize(root, SEEDS, K, setting, timings)
     (root / FILE).write_text(json.dumps(summary))
@@ -98,8 +126,8 @@ def experiment(tmp_path_factory):
 def _utility(root, seed: int, arm: str) -> list[float]:
     """Per context: 1.0 where the arm's task is valid and its label in band, read from the files."""
     where = root / "eval" / f"seed-{seed}" / arm
-    in_band = {label.task_id for label in read_jsonl(where / "labels.jsonl", Label) if label.utility == 1}
-    tasks = sorted(read_jsonl(where / "tasks.jsonl", Task), key=lambda task: task.id)
+    in_band = {label.task_id for label in list(iter_jsonl(where / "labels.jsonl", Label)) if label.utility == 1}
+    tasks = sorted(list(iter_jsonl(where / "tasks.jsonl", Task)), key=lambda task: task.id)
     return [float(task.validity.valid and task.id in in_band) for task in tasks]
 
 
@@ -117,7 +145,7 @@ def test_each_arm_is_summed_up_from_its_own_files(experiment):
         labels = [
             label
             for seed in SEEDS
-            for label in read_jsonl(root / "eval" / f"seed-{seed}" / arm / "labels.jsonl", Label)
+            for label in list(iter_jsonl(root / "eval" / f"seed-{seed}" / arm / "labels.jsonl", Label))
         ]
         solved = [sum(bool(a.solved) for a in label.attempts) for label in labels]
         assert values["solve_counts"] == [solved.count(count) for count in range(K + 1)]
@@ -133,7 +161,7 @@ def test_each_arm_is_summed_up_from_its_own_files(experiment):
 
 def test_solver_trials_are_counted_where_they_are_spent(experiment):
     _, root, summary = experiment
-    corpus = read_jsonl(root.parent / "labels.jsonl", Label)
+    corpus = list(iter_jsonl(root.parent / "labels.jsonl", Label))
     offline = sum(len(label.attempts) for label in corpus)
     assert offline == K * len(corpus) > 0
     trials = {arm: values["solver_trials"] for arm, values in summary["arms"].items()}
@@ -252,9 +280,21 @@ def test_the_report_renders_in_a_browser_with_the_figure_on_the_first_screen(pag
     from matplotlib.image import imread
 
     shot = tmp_path / "report.png"
-    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--screenshot={shot}", "--window-size=1000,1200", page.as_uri()],
-                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            "--window-size=1000,1200",
+            page.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     pixels = imread(shot)[:, :, :3]
     assert pixels.shape[:2] == (1200, 1000)
     bars = (

@@ -52,15 +52,15 @@ class TinyPlugin:
         register("even_length", lambda task, domain: Validity(valid=len(task.payload["text"]) % 2 == 0, reason="odd"))
 
 
-def test_register_domains(register_plugin):
-    registry = register_plugin(TinyPlugin)
+def test_register_domains(propel_register_plugin):
+    registry = propel_register_plugin(TinyPlugin)
     config = validate_config({"domain": {"name": "tiny"}}, registry)
     domain = registry.get("domains", config.domain.name)()
     assert domain.grade({"text": "ab"}, "ab").solved is True
 
 
-def test_register_validity_predicates(register_plugin):
-    registry = register_plugin(TinyPlugin)
+def test_register_validity_predicates(propel_register_plugin):
+    registry = propel_register_plugin(TinyPlugin)
     domain = registry.get("domains", "tiny")()
     predicates = {"even_length": registry.get("validity_predicates", "even_length")}
     context = domain.contexts()[0]
@@ -70,7 +70,7 @@ def test_register_validity_predicates(register_plugin):
     assert make_task("c", domain, context, "", "m", predicates).validity.reason == "parse: empty"
 
 
-def test_register_model_backends(register_plugin):
+def test_register_model_backends(propel_register_plugin):
     class EchoBackend:
         model_id = "echo"
 
@@ -86,7 +86,7 @@ def test_register_model_backends(register_plugin):
         def register_model_backends(register):
             register("echo", EchoBackend)
 
-    registry = register_plugin(Plugin)
+    registry = propel_register_plugin(Plugin)
     config = validate_config({"domain": {"name": "countdown"}, "solver": {"backend": "echo"}}, registry)
     backend = registry.backend(config.solver)
     assert backend.generate(["hi"], config.solver.sampling, n=2) == [["hi", "hi"]]
@@ -95,7 +95,7 @@ def test_register_model_backends(register_plugin):
     assert registry.backend(config.solver.model_copy(update={"model": "other"})) is not backend
 
 
-def test_register_poolers(register_plugin):
+def test_register_poolers(propel_register_plugin):
     import torch
 
     class Plugin:
@@ -104,13 +104,13 @@ def test_register_poolers(register_plugin):
         def register_poolers(register):
             register("sum", lambda hidden, mask: (hidden * mask.unsqueeze(-1)).sum(1))
 
-    registry = register_plugin(Plugin)
+    registry = propel_register_plugin(Plugin)
     validate_config({"domain": {"name": "countdown"}, "probe": {"poolings": ["sum"]}}, registry)
     hidden, mask = torch.ones(1, 3, 2), torch.tensor([[1, 1, 0]])
     assert registry.get("poolers", "sum")(hidden, mask).tolist() == [[2.0, 2.0]]
 
 
-def test_register_probe_architectures(register_plugin):
+def test_register_probe_architectures(propel_register_plugin):
     import torch
 
     class Plugin:
@@ -119,26 +119,26 @@ def test_register_probe_architectures(register_plugin):
         def register_probe_architectures(register):
             register("norm", lambda input_dim: torch.nn.Sequential(torch.nn.Linear(input_dim, 1), torch.nn.Flatten(0)))
 
-    registry = register_plugin(Plugin)
+    registry = propel_register_plugin(Plugin)
     validate_config({"domain": {"name": "countdown"}, "probe": {"architectures": ["norm"]}}, registry)
     assert registry.get("probe_architectures", "norm")(7)(torch.zeros(5, 7)).shape == (5,)
 
 
-def test_register_reward_rules(register_plugin):
+def test_register_reward_rules(propel_register_plugin):
     class Plugin:
         @staticmethod
         @hookimpl
         def register_reward_rules(register):
             register("constant", lambda config: lambda task, scores: config.r_bad * 2)
 
-    registry = register_plugin(Plugin)
+    registry = propel_register_plugin(Plugin)
     config = validate_config({"domain": {"name": "countdown"}, "reward": {"rule": "constant"}}, registry)
     rule = registry.get("reward_rules", config.reward.rule)(config.reward)
     assert math.isclose(rule(None, {}), -0.4)
     assert registry.get("reward_rules", "hard")(RewardConfig())  # built-ins stay available
 
 
-def test_register_context_samplers(register_plugin):
+def test_register_context_samplers(propel_register_plugin):
     class FirstOnly:
         def __init__(self, contexts, seed, repeat=1):
             self.contexts, self.repeat = contexts, repeat
@@ -155,7 +155,7 @@ def test_register_context_samplers(register_plugin):
         def register_context_samplers(register):
             register("first_only", FirstOnly)
 
-    registry = register_plugin(Plugin)
+    registry = propel_register_plugin(Plugin)
     config = validate_config(
         {
             "domain": {"name": "countdown"},
@@ -170,7 +170,7 @@ def test_register_context_samplers(register_plugin):
     assert [c.id for c in sampler.sample(3)] == ["a", "a", "a"]
 
 
-def test_register_sandboxes(register_plugin):
+def test_register_sandboxes(propel_register_plugin):
     class InProcess:
         def __init__(self, **options):
             self.options = options
@@ -184,14 +184,14 @@ def test_register_sandboxes(register_plugin):
         def register_sandboxes(register):
             register("in_process", InProcess)
 
-    registry = register_plugin(Plugin)
+    registry = propel_register_plugin(Plugin)
     sandbox = registry.get("sandboxes", "in_process")(memory_mb=64)
     assert sandbox.run(3) == {"status": "ok", "output": 3}
     with pytest.raises(Exception, match=r"unknown sandbox 'firecracker'; installed: .*in_process"):
         registry.get("sandboxes", "firecracker")
 
 
-def test_register_executors(register_plugin, tmp_path):
+def test_register_executors(propel_register_plugin, tmp_path):
     """A third-party executor, chosen by name in config, runs the jobs of a real stage (generate)."""
     from propel_core.execution import sample_tasks
     from propel_core.run import Run
@@ -213,12 +213,19 @@ def test_register_executors(register_plugin, tmp_path):
         def register_executors(register):
             register("in_order", InOrder)
 
-    register_plugin(TinyPlugin)
-    registry = register_plugin(Plugin)
-    config = validate_config({"run_dir": str(tmp_path), "domain": {"name": "tiny"},
-                              "executor": {"name": "in_order", "workers": 2, "options": {"note": "x"}}}, registry)  # fmt: skip
+    propel_register_plugin(TinyPlugin)
+    registry = propel_register_plugin(Plugin)
+    config = validate_config(
+        {
+            "run_dir": str(tmp_path),
+            "domain": {"name": "tiny"},
+            "executor": {"name": "in_order", "workers": 2, "options": {"note": "x"}},
+        },
+        registry,
+    )
     run = Run(config, registry, quiet=True)
-    tasks = sample_tasks(run, config.generator, registry.domain("tiny").contexts() * 3, tmp_path / "tasks.jsonl")
+    contexts = registry.domain("tiny").contexts() * 3
+    tasks = sample_tasks(run, config.generator, contexts, tmp_path / "tasks.jsonl", config.seed)
     assert run.executor().seen == ["t000000", "t000001", "t000002"] and run.executor().note == "x"
     assert [task.generation for task in tasks] == ["ab"] * 3 and all(task.validity.valid for task in tasks)
     with pytest.raises(PropelError, match=r"executor.name: unknown executor 'slurm'; installed: .*in_order"):

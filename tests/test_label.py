@@ -10,13 +10,19 @@ import pytest
 
 from propel_core.domain import make_task
 from propel_core.plugins import Registry
-from propel_core.records import JsonlWriter, Label, Task, read_jsonl
+from propel_core.records import JsonlWriter, Label, Task, iter_jsonl
 from propel_core.testing import kill_when_written
 
 pytestmark = pytest.mark.slow
 
-PUZZLES = ["Target: 24\nNumbers: 3, 8, 8", "Target: 10\nNumbers: 2, 3, 5", "Target: 12\nNumbers: 4, 3, 1",
-           "Target: 7\nNumbers: 1, 2, 4", "Target: 30\nNumbers: 5, 6, 2", "Target: 15\nNumbers: 3, 5, 7"]  # fmt: skip
+PUZZLES = [
+    "Target: 24\nNumbers: 3, 8, 8",
+    "Target: 10\nNumbers: 2, 3, 5",
+    "Target: 12\nNumbers: 4, 3, 1",
+    "Target: 7\nNumbers: 1, 2, 4",
+    "Target: 30\nNumbers: 5, 6, 2",
+    "Target: 15\nNumbers: 3, 5, 7",
+]
 
 
 @pytest.fixture
@@ -40,7 +46,7 @@ def write_run(tmp_path: Path) -> Path:
 
 
 def by_task(path: Path) -> list[Label]:
-    return sorted(read_jsonl(path, Label), key=lambda label: label.task_id)
+    return sorted(list(iter_jsonl(path, Label)), key=lambda label: label.task_id)
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +54,17 @@ def one_at_a_time(tmp_path_factory) -> list[Label]:
     """The labels of an uninterrupted run with one worker: what every other run must write."""
     folder = tmp_path_factory.mktemp("one-worker")
     write_run(folder)
-    subprocess.run([str(Path(sys.executable).with_name("propel")), "-q", "label", str(folder / "run.yaml"),
-                    "executor.workers=1"], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [str(Path(sys.executable).with_name("propel")), "-q", "label", str(folder / "run.yaml"), "executor.workers=1"],
+        check=True,
+        capture_output=True,
+    )
     return by_task(folder / "labels.jsonl")
 
 
 def test_labels_every_valid_task(run_dir, propel_cli, one_at_a_time):
     out = propel_cli("-q", "label", str(run_dir / "run.yaml"), "executor.workers=4").stdout
-    labels = read_jsonl(run_dir / "labels.jsonl", Label)
+    labels = list(iter_jsonl(run_dir / "labels.jsonl", Label))
     assert by_task(run_dir / "labels.jsonl") == one_at_a_time  # 4 workers write what 1 writes
     assert sorted(label.task_id for label in labels) == [f"t{i}" for i in range(6)]  # not the invalid t6
     for label in labels:
@@ -71,14 +80,19 @@ def test_resumes_after_kill_9(run_dir, one_at_a_time):
     """Kill a labeling process with 4 attempts in flight; the rerun keeps every finished label, writes
     none twice, and ends with exactly the labels of an uninterrupted run."""
     labels_path = run_dir / "labels.jsonl"
-    command = [str(Path(sys.executable).with_name("propel")), "-q", "label", str(run_dir / "run.yaml"),
-               "executor.workers=4"]  # fmt: skip
+    command = [
+        str(Path(sys.executable).with_name("propel")),
+        "-q",
+        "label",
+        str(run_dir / "run.yaml"),
+        "executor.workers=4",
+    ]
     kill_when_written(command, labels_path, 2)
-    before = read_jsonl(labels_path, Label)
+    before = list(iter_jsonl(labels_path, Label))
     assert 2 <= len(before) < 6
 
     subprocess.run(command, check=True, capture_output=True)
-    after = read_jsonl(labels_path, Label)
+    after = list(iter_jsonl(labels_path, Label))
     assert after[: len(before)] == before  # finished labels untouched
     assert sorted(label.task_id for label in after) == [f"t{i}" for i in range(6)]  # each exactly once
     assert by_task(labels_path) == one_at_a_time
@@ -87,8 +101,13 @@ def test_resumes_after_kill_9(run_dir, one_at_a_time):
 
 def test_ctrl_c_stops_the_workers_and_keeps_finished_records(run_dir, one_at_a_time):
     labels_path = run_dir / "labels.jsonl"
-    command = [str(Path(sys.executable).with_name("propel")), "-q", "label", str(run_dir / "run.yaml"),
-               "executor.workers=4"]  # fmt: skip
+    command = [
+        str(Path(sys.executable).with_name("propel")),
+        "-q",
+        "label",
+        str(run_dir / "run.yaml"),
+        "executor.workers=4",
+    ]
     # a shell starts a background job with SIGINT ignored, and a child inherits that: give it the default
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -105,7 +124,7 @@ def test_ctrl_c_stops_the_workers_and_keeps_finished_records(run_dir, one_at_a_t
     assert process.returncode == 1 and "interrupted; finished records are kept" in stderr, (
         f"exit {process.returncode}, {seen} labels when interrupted, {written} at the end; stderr: {stderr[-3000:]}"
     )
-    kept = read_jsonl(labels_path, Label)
+    kept = list(iter_jsonl(labels_path, Label))
     assert 1 <= len(kept) < 6 and all(label in one_at_a_time for label in kept)
     subprocess.run(command, check=True, capture_output=True)
     assert by_task(labels_path) == one_at_a_time
@@ -124,4 +143,4 @@ def test_tasks_untouched(run_dir, propel_cli):
     before = (run_dir / "tasks.jsonl").read_bytes()
     propel_cli("-q", "label", str(run_dir / "run.yaml"), "label.k=1")
     assert (run_dir / "tasks.jsonl").read_bytes() == before
-    assert len(read_jsonl(run_dir / "tasks.jsonl", Task)) == 7
+    assert len(list(iter_jsonl(run_dir / "tasks.jsonl", Task))) == 7

@@ -11,10 +11,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def server(loopback_server):
-    loopback_server.delay, loopback_server.failures, loopback_server.max_choices = 0.2, 0, None
-    yield loopback_server
-    loopback_server.delay, loopback_server.failures, loopback_server.max_choices = 0.0, 0, None
+def server(propel_loopback_server):
+    propel_loopback_server.delay, propel_loopback_server.failures, propel_loopback_server.max_choices = 0.2, 0, None
+    yield propel_loopback_server
+    propel_loopback_server.delay, propel_loopback_server.failures, propel_loopback_server.max_choices = 0.0, 0, None
+    propel_loopback_server.retry_after = None
 
 
 def backend_for(server, **options):
@@ -25,9 +26,9 @@ def backend_for(server, **options):
 SAMPLING = Sampling(temperature=0.0, max_new_tokens=6)
 
 
-def test_chat_matches_the_model_in_process(server, embedded_backend):
+def test_chat_matches_the_model_in_process(server, propel_embedded_backend):
     remote = backend_for(server).generate(["Name a color.", "Count to three."], SAMPLING, n=2)
-    local = embedded_backend.generate(["Name a color.", "Count to three."], SAMPLING, n=2)
+    local = propel_embedded_backend.generate(["Name a color.", "Count to three."], SAMPLING, n=2)
     assert remote == local and len(remote[0]) == 2
 
 
@@ -68,6 +69,29 @@ def test_retries_server_errors(server):
     server.failures = 2
     assert len(backend_for(server, max_retries=3).generate(["Hi"], SAMPLING)[0]) == 1
     assert server.failures == 0
+
+
+def test_retries_wait_as_long_as_the_server_asks(server, monkeypatch):
+    from propel_plugins import openai_backend as openai_backend_module
+
+    waits = []
+    monkeypatch.setattr(openai_backend_module.time, "sleep", waits.append)
+    server.failures, server.retry_after = 2, "7"
+    assert len(backend_for(server, max_retries=3).generate(["Hi"], SAMPLING)[0]) == 1
+    assert waits == [7.0, 7.0]  # not the 0.5 s, 1 s of the backoff
+    server.failures, server.retry_after, waits[:] = 1, "soon", []
+    backend_for(server, max_retries=3).generate(["Hi"], SAMPLING)
+    assert waits == [0.5]  # an unreadable header: the backoff
+
+
+def test_retry_after_reads_seconds_and_dates():
+    from propel_plugins.openai_backend import MAX_WAIT, retry_after
+
+    assert retry_after("12") == 12.0 and retry_after(None) is None and retry_after("later") is None
+    assert retry_after("100000") == MAX_WAIT
+    now = 1_700_000_000.0
+    assert retry_after("Tue, 14 Nov 2023 22:13:40 GMT", now=now) == pytest.approx(20.0)
+    assert retry_after("Tue, 14 Nov 2023 22:13:00 GMT", now=now) == 0.0  # a date gone by: no wait
 
 
 def test_gives_up_with_the_servers_message(server):

@@ -43,19 +43,28 @@ def reference(name: str, tokens: torch.Tensor) -> torch.Tensor:
     raise AssertionError(name)
 
 
-POOLERS = ["last_token", "mean_full", "mean_last_50", "mean_last_5", "mean_last_3", "mean_last_half", "max",
-           "first_last_concat", "mean_std_concat"]  # fmt: skip
+POOLERS = [
+    "last_token",
+    "mean_full",
+    "mean_last_50",
+    "mean_last_5",
+    "mean_last_3",
+    "mean_last_half",
+    "max",
+    "first_last_concat",
+    "mean_std_concat",
+]
 
 
-def test_all_builtin_poolers_covered(registry):
-    assert sorted(POOLERS) == registry.names("poolers")
+def test_all_builtin_poolers_covered(propel_registry):
+    assert sorted(POOLERS) == propel_registry.names("poolers")
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("name", POOLERS)
-def test_pooler_matches_reference(registry, name, side):
+def test_pooler_matches_reference(propel_registry, name, side):
     hidden, mask = batch(side)
-    pooled = registry.get("poolers", name)(hidden, mask)
+    pooled = propel_registry.get("poolers", name)(hidden, mask)
     assert pooled.shape[0] == len(LENGTHS)
     for row in range(len(LENGTHS)):
         expected = reference(name, real_tokens(hidden, mask, row))

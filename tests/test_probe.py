@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from propel_core.activations import activation_file, load_activations
 from propel_core.config import ProbeConfig
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
@@ -20,12 +21,12 @@ from propel_core.probes import (
     f1,
     load_probe,
     spearman,
+    splits,
     train_probe,
     train_probes,
 )
-from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity, read_jsonl
-from propel_core.stages.extract import activation_file, load_activations
-from propel_core.stages.probe import select, splits
+from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity, iter_jsonl
+from propel_core.stages.probe import select
 
 # -- metrics against hand computations ------------------------------------------------------------
 
@@ -106,14 +107,14 @@ def run_dir(tmp_path_factory, planted_run):
 
 
 @pytest.mark.slow
-def test_extract_matches_one_text_at_a_time(run_dir, propel_cli, embedded_backend):
+def test_extract_matches_one_text_at_a_time(run_dir, propel_cli, propel_embedded_backend):
     propel_cli("-q", "extract", str(run_dir / "run.yaml"))
     ids, pooled = load_activations(run_dir, 8, "mean_full")
-    tasks = {t.id: t for t in read_jsonl(run_dir / "tasks.jsonl", Task)}
+    tasks = {t.id: t for t in list(iter_jsonl(run_dir / "tasks.jsonl", Task))}
     assert ids == list(tasks) and pooled.shape == (128, 576)
     mean_full = Registry.build().get("poolers", "mean_full")
     for row in (0, 57, 127):  # batched with other lengths vs alone: padding must not leak
-        alone = embedded_backend.hidden_states([tasks[ids[row]].text], [8], max_length=2048)
+        alone = propel_embedded_backend.hidden_states([tasks[ids[row]].text], [8], max_length=2048)
         torch.testing.assert_close(pooled[row], mean_full(alone.layers[8], alone.mask)[0], atol=1e-4, rtol=1e-4)
 
 
@@ -132,7 +133,7 @@ def test_extract_reuses_its_cache(run_dir, propel_cli):
 def test_planted_signal_learned_and_shuffled_labels_not(run_dir, propel_cli):
     propel_cli("-q", "extract", str(run_dir / "run.yaml"))
     _, x = load_activations(run_dir, 8, "mean_full")
-    y = torch.tensor([label.utility for label in read_jsonl(run_dir / "labels.jsonl", Label)])
+    y = torch.tensor([label.utility for label in list(iter_jsonl(run_dir / "labels.jsonl", Label))])
     mlp = Registry.build().get("probe_architectures", "mlp")
     config = ProbeConfig()
 
@@ -165,7 +166,7 @@ def test_probe_stage_and_bundle_round_trip(run_dir, propel_cli):
     bundle = scorer.bundle
     assert (bundle.reference_model, bundle.input_dim) == ("SmolLM2-135M-Instruct", 576)
     assert 0.1 <= bundle.temperature <= 10
-    tasks = read_jsonl(run_dir / "tasks.jsonl", Task)[:6]
+    tasks = list(iter_jsonl(run_dir / "tasks.jsonl", Task))[:6]
     scores = scorer.score([task.text for task in tasks])
     _, x = load_activations(run_dir, bundle.layer, bundle.pooling)
     expected = scorer.logits_of_features(x[:6])
@@ -190,7 +191,7 @@ def test_missing_bundle(tmp_path):
 
 
 @pytest.mark.slow
-def test_trajectories_pool_per_turn_then_over_turns(tmp_path, propel_cli, embedded_backend):
+def test_trajectories_pool_per_turn_then_over_turns(tmp_path, propel_cli, propel_embedded_backend):
     trajectories = {
         "a": ["I will look at the tests first.", "ls tests/", "Now I change the comparison in utils.py to <=."],
         "b": ["Reading the code.", "The bug goes into the parser: an off-by-one in the loop bound."],
@@ -198,8 +199,18 @@ def test_trajectories_pool_per_turn_then_over_turns(tmp_path, propel_cli, embedd
     }
     with JsonlWriter(tmp_path / "tasks.jsonl") as out:
         for task_id, text in trajectories.items():
-            out.write(Task(id=task_id, domain="swe", context_id="repo", generation="", payload={}, text=text,
-                           validity=Validity.ok(), generator="m"))  # fmt: skip
+            out.write(
+                Task(
+                    id=task_id,
+                    domain="swe",
+                    context_id="repo",
+                    generation="",
+                    payload={},
+                    text=text,
+                    validity=Validity.ok(),
+                    generator="m",
+                )
+            )
     (tmp_path / "run.yaml").write_text(
         f"run_dir: {tmp_path}\ndomain: {{name: countdown}}\nreference: {{batch_size: 2}}\n"
         "probe: {layers: [5], poolings: [max, mean_last_half], turn_vector: last_token}\n"
@@ -211,7 +222,7 @@ def test_trajectories_pool_per_turn_then_over_turns(tmp_path, propel_cli, embedd
         assert ids == ["a", "b", "c"]
         for row, text in enumerate(trajectories.values()):
             turns = [text] if isinstance(text, str) else text
-            alone = [embedded_backend.hidden_states([turn], [5], max_length=2048) for turn in turns]
+            alone = [propel_embedded_backend.hidden_states([turn], [5], max_length=2048) for turn in turns]
             if isinstance(text, str):
                 expected = poolers[pooling].obj(alone[0].layers[5], alone[0].mask)[0]
             else:
@@ -367,8 +378,18 @@ def test_sweep_cells_equal_one_at_a_time_training(tmp_path):
     x, y = _planted(rows=200, seed=3)
     with JsonlWriter(tmp_path / "tasks.jsonl") as tasks, JsonlWriter(tmp_path / "labels.jsonl") as labels:
         for i in range(len(y)):
-            tasks.write(Task(id=f"t{i}", domain="countdown", context_id=f"c{i % 8}", generation="", text="x",
-                             payload={}, validity=Validity.ok(), generator="m"))  # fmt: skip
+            tasks.write(
+                Task(
+                    id=f"t{i}",
+                    domain="countdown",
+                    context_id=f"c{i % 8}",
+                    generation="",
+                    text="x",
+                    payload={},
+                    validity=Validity.ok(),
+                    generator="m",
+                )
+            )
             attempts = [SolverAttempt(text="", solved=j < 2 * int(y[i])) for j in range(8)]
             labels.write(Label.from_attempts(f"t{i}", attempts, (1 / 8, 3 / 8), 1))
     folder = tmp_path / "activations"
@@ -379,8 +400,14 @@ def test_sweep_cells_equal_one_at_a_time_training(tmp_path):
     (folder / "index.json").write_text(json.dumps({"task_ids": [f"t{i}" for i in range(len(y))]}))
     architectures = ["linear", "mlp"] + (["logistic"] if importlib.util.find_spec("sklearn") else [])
     registry = Registry.build()
-    options = {"layers": [1, 2], "poolings": ["last_token"], "architectures": architectures,
-               "balance": ["downsample", "weighted"], "seeds": [0, 1], "epochs": 8}  # fmt: skip
+    options = {
+        "layers": [1, 2],
+        "poolings": ["last_token"],
+        "architectures": architectures,
+        "balance": ["downsample", "weighted"],
+        "seeds": [0, 1],
+        "epochs": 8,
+    }
     config = validate_config({"run_dir": str(tmp_path), "domain": {"name": "countdown"}, "probe": options}, registry)
     probe(Run(config, registry, quiet=True))
     with (tmp_path / "probes" / "sweep.csv").open() as handle:
@@ -396,3 +423,33 @@ def test_sweep_cells_equal_one_at_a_time_training(tmp_path):
             alone = train_probe(factory, x_cell, y, train, val, config.probe, weighted, seed)
             accuracies.append(balanced_accuracy(y[test], alone.logits(x_cell[test]) > 0))
         assert float(cell["test_balanced_accuracy"]) == pytest.approx(sum(accuracies) / 2, abs=0.02), cell
+
+
+def test_the_scorer_reads_with_the_reference_settings_the_bundle_records(tmp_path, propel_registry):
+    """A probe trained on a reference with non-default settings loads that reference, not a default
+    one beside it: the scorer's backend is the reference role's, loaded once."""
+    from propel_core.config import ModelConfig
+    from propel_core.probes import TrainedProbe, reference_settings, save_bundle
+    from propel_core.records import ProbeBundle
+
+    reference = ModelConfig(dtype="float32", batch_size=3)
+    head = propel_registry.get("probe_architectures", "linear")(576)
+    bundle = ProbeBundle(
+        reference_model="SmolLM2-135M-Instruct",
+        reference=reference_settings(reference),
+        layer=2,
+        pooling="mean_full",
+        architecture="linear",
+        input_dim=576,
+        max_length=64,
+        training_rows=0,
+    )
+    save_bundle(tmp_path, TrainedProbe(head, torch.zeros(576), torch.ones(576), epochs=0), bundle)
+    scorer = load_probe(tmp_path, propel_registry)
+    assert (scorer.reference.dtype, scorer.reference.batch_size) == ("float32", 3)
+    assert scorer.backend is propel_registry.backend(reference)
+    # a bundle of an older version names only the model (and carries a field since dropped)
+    old = json.loads((tmp_path / "probe.json").read_text())
+    del old["reference"]
+    (tmp_path / "probe.json").write_text(json.dumps(old | {"threshold": 0.5}))
+    assert load_probe(tmp_path, propel_registry).reference == ModelConfig()

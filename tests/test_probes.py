@@ -5,24 +5,24 @@ import torch
 
 
 @pytest.mark.parametrize("name", ["linear", "mlp", "deep_mlp"])
-def test_logit_per_row(registry, name):
-    head = registry.get("probe_architectures", name)(576)
+def test_logit_per_row(propel_registry, name):
+    head = propel_registry.get("probe_architectures", name)(576)
     assert head(torch.randn(64, 576)).shape == (64,)
 
 
-def test_mlp_layout(registry):
-    head = registry.get("probe_architectures", "mlp")(576)
+def test_mlp_layout(propel_registry):
+    head = propel_registry.get("probe_architectures", "mlp")(576)
     widths = [(m.in_features, m.out_features) for m in head if isinstance(m, torch.nn.Linear)]
     assert widths == [(576, 512), (512, 128), (128, 1)]
     assert {m.p for m in head if isinstance(m, torch.nn.Dropout)} == {0.3}
 
 
-def test_mlp_learns_xor(registry):
+def test_mlp_learns_xor(propel_registry):
     """A head that cannot fit a simple non-linear rule would be useless as a probe."""
     torch.manual_seed(0)
     x = torch.randint(0, 2, (256, 2)).float()
     y = (x[:, 0] != x[:, 1]).float()
-    head = registry.get("probe_architectures", "mlp")(2)
+    head = propel_registry.get("probe_architectures", "mlp")(2)
     optimizer = torch.optim.AdamW(head.parameters(), lr=1e-2)
     for _ in range(200):
         optimizer.zero_grad()

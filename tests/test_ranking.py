@@ -61,7 +61,8 @@ def test_refresh_continues_from_the_saved_head():
     first = fit(x, pairs)
     weight = first.head[0].weight.detach().clone()
     linear = lambda dim: pytest.fail("a refresh must not build a new head")  # noqa: E731
-    refreshed = train_bradley_terry(linear, x, pairs[:50], lr=1e-2, weight_decay=0.0, epochs=1, batch_size=64,
-                                    seed=0, start=first)  # fmt: skip
+    refreshed = train_bradley_terry(
+        linear, x, pairs[:50], lr=1e-2, weight_decay=0.0, epochs=1, batch_size=64, seed=0, start=first
+    )
     assert refreshed.head is first.head and torch.equal(refreshed.mean, first.mean)
     assert not torch.equal(refreshed.head[0].weight, weight)

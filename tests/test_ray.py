@@ -37,12 +37,27 @@ def azr_tasks():
 
 
 def azr_run(folder, server, executor) -> Run:
-    config = validate_config({
-        "run_dir": str(folder), "seed": 3, "domain": AZR, "label": {"k": 2}, "executor": executor,
-        "solver": {"backend": "openai", "model": "smol", "base_url": server.url,
-                   "sampling": {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 24}},
-    })  # fmt: skip
+    config = validate_config(
+        {
+            "run_dir": str(folder),
+            "seed": 3,
+            "domain": AZR,
+            "label": {"k": 2},
+            "executor": executor,
+            "solver": {
+                "backend": "openai",
+                "model": "smol",
+                "base_url": server.url,
+                "sampling": {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 24},
+            },
+        }
+    )
     return Run(config, Registry.build(), quiet=True)
+
+
+def labeling(run):
+    """label_tasks's solver, label settings and seed, from the run's config."""
+    return run.config.solver, run.config.label, run.config.seed
 
 
 def by_task(labels):
@@ -50,41 +65,42 @@ def by_task(labels):
 
 
 @pytest.fixture(scope="module")
-def local_labels(azr_tasks, loopback_server, tmp_path_factory):
-    run = azr_run(tmp_path_factory.mktemp("local"), loopback_server, {"name": "local", "workers": 4})
-    return by_task(label_tasks(run, azr_tasks, run.dir / "labels.jsonl"))
+def local_labels(azr_tasks, propel_loopback_server, tmp_path_factory):
+    run = azr_run(tmp_path_factory.mktemp("local"), propel_loopback_server, {"name": "local", "workers": 4})
+    return by_task(label_tasks(run, azr_tasks, run.dir / "labels.jsonl", *labeling(run)))
 
 
-def test_ray_labels_equal_local_labels(ray_cluster, azr_tasks, loopback_server, local_labels, tmp_path):
-    run = azr_run(tmp_path, loopback_server, RAY)
-    labels = by_task(label_tasks(run, azr_tasks, tmp_path / "labels.jsonl"))
+def test_ray_labels_equal_local_labels(propel_ray_cluster, azr_tasks, propel_loopback_server, local_labels, tmp_path):
+    run = azr_run(tmp_path, propel_loopback_server, RAY)
+    labels = by_task(label_tasks(run, azr_tasks, tmp_path / "labels.jsonl", *labeling(run)))
     assert labels == local_labels
     assert all(len(label.attempts) == 2 for label in labels)
 
 
-def test_a_lost_worker_node_costs_only_its_unfinished_attempts(ray_cluster, azr_tasks, loopback_server,
-                                                              local_labels, tmp_path):  # fmt: skip
-    run = azr_run(tmp_path, loopback_server, RAY)
+def test_a_lost_worker_node_costs_only_its_unfinished_attempts(
+    propel_ray_cluster, azr_tasks, propel_loopback_server, local_labels, tmp_path
+):
+    run = azr_run(tmp_path, propel_loopback_server, RAY)
     config = run.config
     worker = Worker(config.domain, config.solver, config.solver.sampling)
     jobs = [Attempt(task, j, job_seed(config.seed, task.id, j)) for task in azr_tasks for j in range(2)]
-    (node,) = list(ray_cluster.worker_nodes)
+    (node,) = list(propel_ray_cluster.worker_nodes)
     finished = []
     try:
         for job, attempt in run.executor().run(worker, jobs):
             if not finished:  # the first attempt is back, 3 are in flight: the head runs 2 at most
                 assert run.executor().in_flight == 3
-                ray_cluster.remove_node(node, allow_graceful=False)
+                propel_ray_cluster.remove_node(node, allow_graceful=False)
             finished.append(((job.task.id, job.index), attempt))
     finally:
-        ray_cluster.add_node(num_cpus=2, resources={"sandbox": 2})
+        propel_ray_cluster.add_node(num_cpus=2, resources={"sandbox": 2})
     assert sorted(key for key, _ in finished) == sorted((job.task.id, job.index) for job in jobs)  # each once
     expected = {(label.task_id, j): attempt for label in local_labels for j, attempt in enumerate(label.attempts)}
     assert dict(finished) == expected
 
 
-def test_resources_no_node_offers_are_a_clear_error(ray_cluster, loopback_server, tmp_path):
-    run = azr_run(tmp_path, loopback_server, {"name": "ray", "options": {"resources": {"docker": 1}}})
+def test_resources_no_node_offers_are_a_clear_error(propel_ray_cluster, propel_loopback_server, tmp_path):
+    run = azr_run(tmp_path, propel_loopback_server, {"name": "ray", "options": {"resources": {"docker": 1}}})
     with pytest.raises(
         PropelError, match=r"no node of the Ray cluster offers docker: 1 \(cluster resources: .*sandbox: 4"
     ):

@@ -1,6 +1,6 @@
 """Records and crash-safe JSONL files."""
 
-from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity, read_jsonl
+from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity, iter_jsonl
 
 
 def make_task(i: int) -> Task:
@@ -12,7 +12,7 @@ def test_round_trip(tmp_path):
     with JsonlWriter(path) as out:
         for i in range(3):
             out.write(make_task(i))
-    assert [t.id for t in read_jsonl(path, Task)] == ["t0", "t1", "t2"]
+    assert [t.id for t in list(iter_jsonl(path, Task))] == ["t0", "t1", "t2"]
     assert path.read_text().count("\n") == 3
 
 
@@ -22,10 +22,10 @@ def test_torn_tail_is_skipped_then_cut(tmp_path):
         out.write(make_task(0))
     with path.open("a") as f:
         f.write('{"id": "t1", "dom')  # a crash mid-line
-    assert [t.id for t in read_jsonl(path, Task)] == ["t0"]
+    assert [t.id for t in list(iter_jsonl(path, Task))] == ["t0"]
     with JsonlWriter(path) as out:
         out.write(make_task(2))
-    assert [t.id for t in read_jsonl(path, Task)] == ["t0", "t2"]
+    assert [t.id for t in list(iter_jsonl(path, Task))] == ["t0", "t2"]
 
 
 def attempts(*solved):

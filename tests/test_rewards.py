@@ -11,14 +11,18 @@ from propel_core.records import Task, Validity
 
 def task(valid: bool) -> Task:
     return Task(
-        id="t", domain="d", context_id="c", generation="g", generator="m",
+        id="t",
+        domain="d",
+        context_id="c",
+        generation="g",
+        generator="m",
         validity=Validity(valid=valid, reason=None if valid else "bad"),
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture
-def rule(registry):
-    return lambda name, **options: registry.get("reward_rules", name)(RewardConfig(**options))
+def rule(propel_registry):
+    return lambda name, **options: propel_registry.reward_rule(name, RewardConfig(**options))
 
 
 def test_hard(rule):
@@ -92,7 +96,7 @@ def test_partial_instrumentation_gives_invalid_tasks_credit_per_marker(rule):
 
 
 def test_rules_declare_the_scores_they_need(rule):
-    from propel_core.reward import reads_probe
+    from propel_core.contracts import reads_probe
 
     assert reads_probe(rule("hard")) and reads_probe(rule("wco"))
     assert not reads_probe(rule("solver_in_the_loop"))
@@ -100,11 +104,15 @@ def test_rules_declare_the_scores_they_need(rule):
     assert reads_probe(rule("partial_instrumentation", valid_score="probability"))
 
 
-def test_countdown_markers_follow_the_validity_funnel(registry):
-    countdown = registry.domain("countdown")
+def test_countdown_markers_follow_the_validity_funnel(propel_registry):
+    countdown = propel_registry.domain("countdown")
     assert countdown.markers_reached("nothing here") == []
     assert countdown.markers_reached("Target: 10") == ["target line"]
     assert countdown.markers_reached("Target: 10\nNumbers: 2, 5") == ["target line", "numbers line", "parsed"]
     assert countdown.markers_reached("Target: 999\nNumbers: 1, 1, 1") == [
-        "target line", "numbers line", "parsed", "within the rules"]  # fmt: skip
+        "target line",
+        "numbers line",
+        "parsed",
+        "within the rules",
+    ]
     assert countdown.markers_reached("Target: 10\nNumbers: 2, 5, 1") == list(countdown.workflow_markers)

@@ -12,8 +12,8 @@ def contexts(sizes: dict[str, int]) -> list[Context]:
 
 
 @pytest.fixture
-def progress(registry):
-    return lambda pool, **options: registry.get("context_samplers", "progress")(pool, seed=0, **options)
+def progress(propel_registry):
+    return lambda pool, **options: propel_registry.get("context_samplers", "progress")(pool, seed=0, **options)
 
 
 def test_without_data_every_bucket_keeps_its_prior(progress):

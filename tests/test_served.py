@@ -11,7 +11,7 @@ import pytest
 from propel_core.config import ModelConfig, Sampling
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
-from propel_core.records import Label, Task, read_jsonl
+from propel_core.records import Label, Task, iter_jsonl
 from propel_core.testing import serving_embedded_model
 
 pytestmark = pytest.mark.slow
@@ -35,8 +35,9 @@ def test_vllm_fields_are_refused_with_the_switch_named(served):
     prefilled = [{"role": "user", "content": "Add 2 and 3."}, {"role": "assistant", "content": "Answer:"}]
     with pytest.raises(PropelError, match="set server_extensions: false"):
         backend(served).generate([prefilled], Sampling(temperature=0.7, max_new_tokens=4))
-    (texts,) = backend(served, server_extensions=False).generate([prefilled], Sampling(temperature=0.7, top_k=20,
-                                                                                          max_new_tokens=4))  # fmt: skip
+    (texts,) = backend(served, server_extensions=False).generate(
+        [prefilled], Sampling(temperature=0.7, top_k=20, max_new_tokens=4)
+    )
     assert len(texts) == 1
 
 
@@ -47,18 +48,29 @@ def test_a_server_that_ignores_n_still_gives_n_completions(served):
 
 def test_generate_and_label_through_the_server(served, tmp_path, propel_cli):
     url, model = served
-    solver = {"backend": "openai", "model": model, "base_url": url, "server_extensions": False,
-              "sampling": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 12}}  # fmt: skip
-    config = {"run_dir": str(tmp_path), "domain": {"name": "arithmetic"}, "generate": {"num_tasks": 6},
-              "label": {"k": 3}, "executor": {"workers": 4},
-              "generator": {**solver, "sampling": {"temperature": 1.0, "max_new_tokens": 20}}, "solver": solver}  # fmt: skip
+    solver = {
+        "backend": "openai",
+        "model": model,
+        "base_url": url,
+        "server_extensions": False,
+        "sampling": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 12},
+    }
+    config = {
+        "run_dir": str(tmp_path),
+        "domain": {"name": "arithmetic"},
+        "generate": {"num_tasks": 6},
+        "label": {"k": 3},
+        "executor": {"workers": 4},
+        "generator": {**solver, "sampling": {"temperature": 1.0, "max_new_tokens": 20}},
+        "solver": solver,
+    }
     (tmp_path / "run.yaml").write_text(json.dumps(config))
     propel_cli("-q", "generate", str(tmp_path / "run.yaml"))
-    tasks = read_jsonl(tmp_path / "tasks.jsonl", Task)
+    tasks = list(iter_jsonl(tmp_path / "tasks.jsonl", Task))
     assert len(tasks) == 6 and all(task.generation.startswith("Compute:") for task in tasks)
     valid = [task for task in tasks if task.validity.valid]
     out = propel_cli("-q", "label", str(tmp_path / "run.yaml")).stdout
-    labels = read_jsonl(tmp_path / "labels.jsonl", Label)
+    labels = list(iter_jsonl(tmp_path / "labels.jsonl", Label))
     assert sorted(label.task_id for label in labels) == sorted(task.id for task in valid)
     assert all(len(label.attempts) == 3 for label in labels)
     assert out.startswith(f"labeled {len(valid)}:")

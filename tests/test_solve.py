@@ -38,12 +38,20 @@ def solve_run(tmp_path_factory):
     write(folder / "eval" / "trained", EASY, with_labels=True)
     write(folder, HELD_OUT, with_labels=False)
     data = {
-        "run_dir": str(folder), "domain": {"name": "arithmetic"},
+        "run_dir": str(folder),
+        "domain": {"name": "arithmetic"},
         "solver": {"batch_size": 8, "sampling": {"temperature": 0.8, "max_new_tokens": 8}},
-        "solve_train": {"steps": 2, "group_size": 4, "per_device_batch": 8, "max_completion_length": 8,
-                        "eval_k": 4, "held_out_tasks": 4, "lr": 1e-4},
+        "solve_train": {
+            "steps": 2,
+            "group_size": 4,
+            "per_device_batch": 8,
+            "max_completion_length": 8,
+            "eval_k": 4,
+            "held_out_tasks": 4,
+            "lr": 1e-4,
+        },
         "self_train": {"tasks": "eval/trained/tasks.jsonl", "k": 4, "steps": 1, "batch_size": 2, "per_task_cap": 1},
-    }  # fmt: skip
+    }
     return Run(validate_config(data, registry), registry, quiet=True)
 
 
@@ -64,8 +72,13 @@ def test_rloo_trains_the_solver_adapter_and_evaluates_both_arms(solve_run):
     assert comparison["wins"] + comparison["losses"] + comparison["ties"] == 4
     # a second run on the not-in-band tasks compares itself with the first, prompt by prompt
     other = solve_run.config.model_dump(mode="json")
-    other["solve_train"] |= {"name": "all-tasks", "in_band_only": False, "baseline": "trained-tasks",
-                             "context_sampler": "progress", "sampler_options": {"buckets": "prompt"}}  # fmt: skip
+    other["solve_train"] |= {
+        "name": "all-tasks",
+        "in_band_only": False,
+        "baseline": "trained-tasks",
+        "context_sampler": "progress",
+        "sampler_options": {"buckets": "prompt"},
+    }
     solve_train(Run(validate_config(other, solve_run.registry), solve_run.registry, quiet=True))
     second = json.loads((solve_run.dir / "solve" / "all-tasks" / "metrics.json").read_text())
     assert set(second["comparisons"]) == {"trained_vs_base", "trained_vs_trained-tasks"}

@@ -10,15 +10,17 @@ import torch
 
 from propel_core.config import ModelConfig, validate_config
 from propel_core.embedded import EMBEDDED_MODEL_ID
+from propel_core.execution import solver_labels
 from propel_core.plugins import Registry
 from propel_core.probes import load_probe
-from propel_core.reward import RewardScorer
+from propel_core.reward import RewardScorer, reward_scorer
 from propel_core.run import Run
 from propel_core.stages.evaluate import evaluate
 from propel_core.stages.extract import extract
 from propel_core.stages.probe import probe
 from propel_core.stages.report import report
-from propel_core.stages.train import train, train_generator
+from propel_core.stages.train import train
+from propel_core.training import train_generator
 
 pytestmark = pytest.mark.slow
 
@@ -28,18 +30,28 @@ def probed_run(tmp_path_factory, planted_run):
     """A run folder with a selected probe, trained on countdown tasks with a planted label."""
     folder = planted_run(tmp_path_factory.mktemp("train-run"))
     registry = Registry.build()
-    data = {"run_dir": str(folder), "domain": {"name": "countdown"},
-            "probe": {"layers": [8], "poolings": ["mean_full"], "architectures": ["linear"]},
-            "train": {"steps": 2, "group_size": 4, "per_device_batch": 4, "gradient_accumulation": 1,
-                      "max_completion_length": 24, "checkpoint_every": 100}}  # fmt: skip
+    data = {
+        "run_dir": str(folder),
+        "domain": {"name": "countdown"},
+        "probe": {"layers": [8], "poolings": ["mean_full"], "architectures": ["linear"]},
+        "train": {
+            "steps": 2,
+            "group_size": 4,
+            "per_device_batch": 4,
+            "gradient_accumulation": 1,
+            "max_completion_length": 24,
+            "checkpoint_every": 100,
+        },
+    }
     run = Run(validate_config(data, registry), registry, quiet=True)
     extract(run)
     probe(run)
     return run
 
 
-def scorer_for(run):
-    return RewardScorer(run, [load_probe(run.dir / "probes" / "selected", run.registry)])
+def scorer_for(run, **options):
+    config = run.config
+    return reward_scorer(run, config.reward, config.train, run.dir / "probes" / "selected", **options)
 
 
 def test_rewards_follow_the_hard_rule(probed_run):
@@ -105,7 +117,8 @@ def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run, tmp_p
     data["label"] = {"k": 2}
     data["solver"] = {"sampling": {"max_new_tokens": 16}}
     run = Run(validate(data, probed_run.registry), probed_run.registry, quiet=True)
-    scorer = RewardScorer(run, probes=[], log_path=tmp_path / "reward_log.jsonl")
+    solve = solver_labels(run, run.config.solver, run.config.label, run.config.seed)
+    scorer = scorer_for(run, solve=solve, log_path=tmp_path / "reward_log.jsonl")
     prompt = run.domain().generator_prompt(run.domain().contexts()[0])
     completions = [
         [{"role": "assistant", "content": " 24\nNumbers: 3, 8, 8"}],
@@ -116,7 +129,16 @@ def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run, tmp_p
     (entry,) = [json.loads(line) for line in (tmp_path / "reward_log.jsonl").read_text().splitlines()]
     assert entry["solver_attempts"] == 2  # k attempts at the one valid task; none at the invalid one
     with pytest.raises(Exception, match="reads probe scores, but no probe bundle was given"):
-        RewardScorer(probed_run, probes=[])
+        RewardScorer(
+            probed_run.domain(),
+            probed_run.registry.reward_rule("hard", probed_run.config.reward),
+            [],
+            overflow_reward=0.0,
+            max_completion_length=8,
+            group_size=2,
+        )
+    with pytest.raises(Exception, match="reads live solver utility, but no solver was given"):
+        scorer_for(run)
 
 
 def test_partial_instrumentation_through_the_scorer(probed_run):
@@ -146,32 +168,36 @@ def with_config(run, **sections):
 @pytest.fixture(scope="module")
 def evaluated_run(trained_run):
     run, _ = trained_run
-    run = with_config(run, evaluate={"num_tasks": 6, "k": 2}, solver={"sampling": {"max_new_tokens": 12}},
-                      generator={"sampling": {"max_new_tokens": 24}})  # fmt: skip
+    run = with_config(
+        run,
+        evaluate={"num_tasks": 6, "k": 2},
+        solver={"sampling": {"max_new_tokens": 12}},
+        generator={"sampling": {"max_new_tokens": 24}},
+    )
     evaluate(run)
     return run
 
 
 def per_context(folder, arm: str) -> list[float]:
     """1.0 where context i's task of this arm is valid and labeled in band."""
-    from propel_core.records import Label, Task, read_jsonl
+    from propel_core.records import Label, Task, iter_jsonl
 
-    in_band = {label.task_id for label in read_jsonl(folder / arm / "labels.jsonl", Label) if label.utility == 1}
-    tasks = sorted(read_jsonl(folder / arm / "tasks.jsonl", Task), key=lambda task: task.id)
+    in_band = {label.task_id for label in list(iter_jsonl(folder / arm / "labels.jsonl", Label)) if label.utility == 1}
+    tasks = sorted(list(iter_jsonl(folder / arm / "tasks.jsonl", Task)), key=lambda task: task.id)
     return [float(task.validity.valid and task.id in in_band) for task in tasks]
 
 
 def test_evaluate_compares_base_and_trained_on_the_same_contexts(evaluated_run):
-    from propel_core.records import Label, Task, read_jsonl
+    from propel_core.records import Label, Task, iter_jsonl
 
     folder = evaluated_run.dir / "eval"
     metrics = json.loads((folder / "metrics.json").read_text())
     assert list(metrics) == ["base", "trained"]
-    arms = {arm: sorted(read_jsonl(folder / arm / "tasks.jsonl", Task), key=lambda t: t.id) for arm in metrics}
+    arms = {arm: sorted(list(iter_jsonl(folder / arm / "tasks.jsonl", Task)), key=lambda t: t.id) for arm in metrics}
     assert [t.context_id for t in arms["base"]] == [t.context_id for t in arms["trained"]]
     assert arms["trained"][0].generator.endswith("train/adapter") and "+" not in arms["base"][0].generator
     for arm, values in metrics.items():
-        labels = read_jsonl(folder / arm / "labels.jsonl", Label)
+        labels = list(iter_jsonl(folder / arm / "labels.jsonl", Label))
         valid = [t for t in arms[arm] if t.validity.valid]
         assert values["generations"] == 6 and values["valid"] == len(valid) == len(labels) == sum(
             values["solve_counts"]
@@ -205,9 +231,11 @@ def test_report_is_one_self_contained_page_that_leads_with_the_answer(evaluated_
     assert "on held-out test rows" in page and "rows: too few to tell)" in page
 
 
-def test_report_names_the_stages_still_to_run(planted_run, tmp_path, registry):
+def test_report_names_the_stages_still_to_run(planted_run, tmp_path, propel_registry):
     folder = planted_run(tmp_path)
-    run = Run(validate_config({"run_dir": str(folder), "domain": {"name": "countdown"}}, registry), registry)
+    run = Run(
+        validate_config({"run_dir": str(folder), "domain": {"name": "countdown"}}, propel_registry), propel_registry
+    )
     report(run)
     page = (folder / "report.html").read_text()
     assert "<td>in band</td><td class='n'>64</td>" in page
@@ -216,27 +244,33 @@ def test_report_names_the_stages_still_to_run(planted_run, tmp_path, registry):
 
 
 def test_coevolve_mines_false_positives_and_retrains_with_the_adversarial_rule(evaluated_run, tmp_path):
-    from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, read_jsonl
+    from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, iter_jsonl
     from propel_core.stages.coevolve import coevolve
 
     copy = tmp_path / "run"
     shutil.copytree(evaluated_run.dir, copy, ignore=shutil.ignore_patterns("eval", "checkpoint-*"))
-    run = with_config(evaluated_run, run_dir=str(copy), train={**evaluated_run.config.train.model_dump(), "steps": 1},
-                      coevolve={"dominant_topic": False})  # fmt: skip
+    run = with_config(
+        evaluated_run,
+        run_dir=str(copy),
+        train={**evaluated_run.config.train.model_dump(), "steps": 1},
+        coevolve={"dominant_topic": False},
+    )
     # the trained policy's solver-labeled tasks: the corpus's own puzzles, none solved in 2 attempts
-    corpus = read_jsonl(copy / "tasks.jsonl", Task)[:24]
+    corpus = list(iter_jsonl(copy / "tasks.jsonl", Task))[:24]
     main = load_probe(copy / "probes" / "selected", run.registry)
     scores = main.score([task.text for task in corpus])
     (copy / "eval" / "trained").mkdir(parents=True)
-    with JsonlWriter(copy / "eval" / "trained" / "tasks.jsonl") as tasks, \
-            JsonlWriter(copy / "eval" / "trained" / "labels.jsonl") as labels:  # fmt: skip
+    with (
+        JsonlWriter(copy / "eval" / "trained" / "tasks.jsonl") as tasks,
+        JsonlWriter(copy / "eval" / "trained" / "labels.jsonl") as labels,
+    ):
         for task in corpus:
             tasks.write(task)
             labels.write(Label.from_attempts(task.id, [SolverAttempt(text="", solved=False)] * 2, (1 / 8, 3 / 8), 1))
     coevolve(run)
     expected = sum(score["probability"] >= 0.5 for score in scores)
     auxiliary = json.loads((copy / "coevolve" / "auxiliary" / "probe.json").read_text())
-    in_band = sum(label.utility == 1 for label in read_jsonl(copy / "labels.jsonl", Label))
+    in_band = sum(label.utility == 1 for label in list(iter_jsonl(copy / "labels.jsonl", Label)))
     assert expected > 0 and auxiliary["training_rows"] == int(0.8 * (in_band + expected))
     assert (auxiliary["layer"], auxiliary["pooling"]) == (main.bundle.layer, main.bundle.pooling)
     assert (copy / "coevolve" / "train" / "adapter" / "adapter_model.safetensors").exists()
@@ -255,16 +289,24 @@ def other_family_policy(tmp_path_factory):
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<pad>", "<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<pad>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     bpe.train_from_iterator(["Target: 24\nNumbers: 3, 8, 8", "Write one new puzzle with 4 numbers."] * 20, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
     tokenizer.chat_template = (
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}"
     )
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=1024, n_embd=32, n_layer=2, n_head=2,
-                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=1024,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     GPT2LMHeadModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -274,10 +316,12 @@ def other_family_policy(tmp_path_factory):
 def test_cold_transfer_trains_another_family_against_the_fixed_probe(probed_run, other_family_policy, tmp_path):
     from safetensors.torch import load_file
 
-    run = with_config(probed_run, generator={"model": str(other_family_policy)},
-                      train={**probed_run.config.train.model_dump(), "steps": 1,
-                             "lora_target_modules": ["c_attn", "c_proj", "c_fc"]})  # fmt: skip
-    train_generator(run, tmp_path / "train")
+    run = with_config(
+        probed_run,
+        generator={"model": str(other_family_policy)},
+        train={**probed_run.config.train.model_dump(), "steps": 1, "lora_target_modules": ["c_attn", "c_proj", "c_fc"]},
+    )
+    train_in(run, tmp_path / "train")
     adapter = load_file(tmp_path / "train" / "adapter" / "adapter_model.safetensors")
     assert any("c_attn" in name for name in adapter) and not any("q_proj" in name for name in adapter)
     (step,) = [json.loads(line) for line in (tmp_path / "train" / "reward_log.jsonl").read_text().splitlines()]
@@ -287,7 +331,7 @@ def test_cold_transfer_trains_another_family_against_the_fixed_probe(probed_run,
 
 
 def test_rank_learns_the_planted_ordering_and_refreshes_on_policy_tasks(probed_run, tmp_path):
-    from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, read_jsonl
+    from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, iter_jsonl
     from propel_core.stages.rank import rank
 
     copy = tmp_path / "run"
@@ -303,10 +347,12 @@ def test_rank_learns_the_planted_ordering_and_refreshes_on_policy_tasks(probed_r
     # on-policy refresh: the "trained policy" wrote the corpus's tasks, and its solver found the
     # opposite ordering (low targets in band): the refresh must move the ranker towards it
     (copy / "eval" / "trained").mkdir(parents=True)
-    tasks = read_jsonl(copy / "tasks.jsonl", Task)
-    labels = {label.task_id: label for label in read_jsonl(copy / "labels.jsonl", Label)}
-    with JsonlWriter(copy / "eval" / "trained" / "tasks.jsonl") as task_out, \
-            JsonlWriter(copy / "eval" / "trained" / "labels.jsonl") as label_out:  # fmt: skip
+    tasks = list(iter_jsonl(copy / "tasks.jsonl", Task))
+    labels = {label.task_id: label for label in list(iter_jsonl(copy / "labels.jsonl", Label))}
+    with (
+        JsonlWriter(copy / "eval" / "trained" / "tasks.jsonl") as task_out,
+        JsonlWriter(copy / "eval" / "trained" / "labels.jsonl") as label_out,
+    ):
         for task in tasks:
             task_out.write(task)
             solved = 0 if labels[task.id].utility else 2
@@ -318,14 +364,23 @@ def test_rank_learns_the_planted_ordering_and_refreshes_on_policy_tasks(probed_r
 
 
 def test_grpo_with_replay_and_the_progress_sampler(probed_run, tmp_path):
-    train_config = {**probed_run.config.train.model_dump(), "steps": 2,
-                    "replay": {"strategy": "top_k", "min_reward": -100.0, "comparison": ">=", "slots": 1}}  # fmt: skip
+    train_config = {
+        **probed_run.config.train.model_dump(),
+        "steps": 2,
+        "replay": {"strategy": "top_k", "min_reward": -100.0, "comparison": ">=", "slots": 1},
+    }
     generate = {"context_sampler": "progress", "sampler_options": {"buckets": "prompt"}}
     domain = {"name": "countdown", "options": {"num_contexts": 1}}  # one prompt: step 2 repeats step 1's
     run = with_config(probed_run, train=train_config, generate=generate, domain=domain)
-    train_generator(run, tmp_path / "train")
+    train_in(run, tmp_path / "train")
     first, second = [json.loads(line) for line in (tmp_path / "train" / "reward_log.jsonl").read_text().splitlines()]
     assert (first["replayed"], first["replay_admitted"]) == (0, 4)  # every reward >= -100 is admitted
     assert (second["replayed"], second["replay_admitted"]) == (1, 7)  # one slot replayed, three fresh admitted
     assert second["sampler"]["buckets_with_data"] == 1  # the trainer fed the rewards back to the sampler
     assert second["sampler"]["bucket_probabilities"] == {"countdown-000": 1.0}
+
+
+def train_in(run, folder):
+    """The train stage's GRPO loop on ``run``'s config, into ``folder``."""
+    config = run.config
+    train_generator(run, folder, config.generator, config.train, config.reward, config.seed)

@@ -14,22 +14,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from propel_core.config import PropelConfig
-from propel_core.errors import PropelError
 from propel_core.evaluation import (
     arm_metrics,
+    evaluation_seed,
     evaluation_verdict,
     histogram_plot,
     paired_comparison,
     per_context_utility,
     shift_text,
 )
-from propel_core.execution import draw_contexts, label_tasks, sample_tasks
+from propel_core.execution import sample_and_label
 from propel_core.run import Run, log
-
-#: evaluation draws its contexts and sampling seeds from the run's seed plus this, so the base arm
-#: writes fresh tasks rather than repeating the labeled corpus (both arms share them)
-EVALUATION_SEED_OFFSET = 1_000_003
 
 #: the rows of the side-by-side table: metric key and its heading
 TABLE = (
@@ -43,9 +38,7 @@ TABLE = (
 
 def adapters(run: Run) -> dict[str, Path | None]:
     """The arms to compare: the base generator and every trained adapter in the run folder."""
-    trained = run.dir / "train" / "adapter"
-    if not trained.exists():
-        raise PropelError(f"no trained adapter in {trained}: run `propel train` first")
+    trained = run.input("train/adapter", made_by="train")
     arms: dict[str, Path | None] = {"base": None, "trained": trained}
     coevolved = run.dir / "coevolve" / "train" / "adapter"
     if coevolved.exists():
@@ -53,32 +46,18 @@ def adapters(run: Run) -> dict[str, Path | None]:
     return arms
 
 
-def evaluation_config(config: PropelConfig, shift: int = 0) -> PropelConfig:
-    """The config an evaluation samples and solves with: ``evaluate.num_tasks`` contexts and
-    ``evaluate.k`` attempts, seeded by the run's seed + EVALUATION_SEED_OFFSET + ``shift`` (one
-    evaluation per RL seed shifts by the seed, so each draws its own fresh contexts)."""
-    return config.model_copy(
-        update={
-            "seed": config.seed + EVALUATION_SEED_OFFSET + shift,
-            "generate": config.generate.model_copy(update={"num_tasks": config.evaluate.num_tasks}),
-            "label": config.label.model_copy(update={"k": config.evaluate.k}),
-        }
-    )
-
-
 def evaluate(run: Run) -> None:
     """Sample, validate and solve tasks from each arm; write metrics, a table and histograms."""
     config = run.config
     folder = run.dir / "eval"
-    run = Run(evaluation_config(config), run.registry, quiet=run.quiet, _domain=run.domain(), _executor=run._executor)
-    contexts = draw_contexts(run)
+    seed = evaluation_seed(config.seed)
+    label = config.label.model_copy(update={"k": config.evaluate.k})
+    contexts = run.context_sampler(seed).sample(config.evaluate.num_tasks)
     results, utilities = {}, {}
     for arm, adapter in adapters(run).items():
-        model = config.generator.model_copy(update={"adapter": str(adapter) if adapter else None})
         log.info("evaluating arm %s", arm)
-        tasks = sample_tasks(run, model, contexts, folder / arm / "tasks.jsonl")
-        valid = [task for task in tasks if task.validity.valid]
-        labels = label_tasks(run, valid, folder / arm / "labels.jsonl")
+        generator = config.generator.with_adapter(adapter)
+        tasks, labels = sample_and_label(run, generator, contexts, folder / arm, config.solver, label, seed)
         results[arm] = arm_metrics(tasks, labels, config.evaluate.k)
         utilities[arm] = per_context_utility(tasks, labels)
         if arm != "base":  # the same contexts and seeds as base: a paired comparison, context by context
@@ -87,22 +66,26 @@ def evaluate(run: Run) -> None:
     table_text = table(results)
     (folder / "table.md").write_text(table_text + "\n")
     histogram_plot(folder / "solve_counts.png", results, config.evaluate.k, config.label)
-    print(table_text)
-    print(evaluation_verdict(results))
+    run.say(table_text)
+    run.say(evaluation_verdict(results))
 
 
 def table(results: dict[str, dict]) -> str:
     """The arms side by side as a Markdown table, each figure with its standard error."""
     arms = list(results)
     lines = ["| metric | " + " | ".join(arms) + " |", "|---" * (len(arms) + 1) + "|"]
-    lines.append("| generations (valid, in band) | " + " | ".join(
-        f"{m['generations']} ({m['valid']}, {m['in_band']})" for m in results.values()) + " |")  # fmt: skip
+    lines.append(
+        "| generations (valid, in band) | "
+        + " | ".join(f"{m['generations']} ({m['valid']}, {m['in_band']})" for m in results.values())
+        + " |"
+    )
     for key, heading in TABLE:
         lines.append(f"| {heading} | " + " | ".join(_with_se(results[arm][key]) for arm in arms) + " |")
     shifts = " | ".join(shift_text(results[arm].get("vs_base")) for arm in arms)
     lines.append(f"| utility - base (paired 95% CI) | {shifts} |")
-    lines.append("| solve counts 0..K | " + " | ".join(
-        " ".join(map(str, results[arm]["solve_counts"])) for arm in arms) + " |")  # fmt: skip
+    lines.append(
+        "| solve counts 0..K | " + " | ".join(" ".join(map(str, results[arm]["solve_counts"])) for arm in arms) + " |"
+    )
     return "\n".join(lines)
 
 

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from collections import Counter
 
-from propel_core.execution import draw_contexts, sample_tasks
+from propel_core.execution import sample_tasks
 from propel_core.records import Task
 from propel_core.run import Run
 
 
 def generate(run: Run) -> None:
     """Sample tasks from the generator, parse them and check validity -> tasks.jsonl."""
-    tasks = sample_tasks(run, run.config.generator, draw_contexts(run), run.dir / "tasks.jsonl")
-    print(funnel(tasks))
+    config = run.config
+    contexts = run.context_sampler(config.seed).sample(config.generate.num_tasks)
+    run.say(funnel(sample_tasks(run, config.generator, contexts, run.dir / "tasks.jsonl", config.seed)))
 
 
 def funnel(tasks: list[Task]) -> str:

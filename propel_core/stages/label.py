@@ -22,7 +22,9 @@ def label(run: Run) -> None:
     tasks = [task for task in iter_jsonl(tasks_path, Task) if task.validity.valid]
     if not tasks:
         log.warning("no valid tasks in %s to label; see the generate funnel", tasks_path)
-    print(summary(label_tasks(run, tasks, run.dir / "labels.jsonl"), run.config.label.k))
+    config = run.config
+    labels = label_tasks(run, tasks, run.dir / "labels.jsonl", config.solver, config.label, config.seed)
+    run.say(summary(labels, config.label.k))
 
 
 def summary(labels: list[Label], k: int) -> str:

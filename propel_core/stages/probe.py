@@ -18,16 +18,22 @@ import csv
 import math
 import statistics
 from collections import Counter
-from collections.abc import Iterator
 
+from propel_core.activations import load_activations
 from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.errors import NotEnoughData, PropelError, RewardError
-from propel_core.probes import ProbeJob, fit_temperature, metrics, save_bundle, train_probes
+from propel_core.probes import (
+    ProbeJob,
+    fit_temperature,
+    metrics,
+    reference_settings,
+    save_bundle,
+    splits,
+    train_probes,
+)
 from propel_core.records import Label, ProbeBundle, Task, iter_jsonl
 from propel_core.run import Run, log
-from propel_core.stages.extract import load_activations
 
-METRICS = ("balanced_accuracy", "ece", "auc", "f1", "spearman")
 FEATURE_BYTES = 512 << 20  # feature matrices whose heads train together (they are copied once more)
 
 
@@ -55,7 +61,7 @@ def probe(run: Run) -> None:
     solve_rates = torch.tensor([label.solve_rate for label in labels], dtype=torch.float)
     groups = [tasks[label.task_id].context_id for label in labels]
     rvp_tasks = list(tasks.values())[: probe_config.rvp_samples]
-    rule = run.component("reward_rules", config.reward.rule)(config.reward)
+    rule = run.registry.reward_rule(config.reward.rule, config.reward)
     log.info("%d labeled rows (%d in band); RVP over %d base-policy tasks", len(y), int(y.sum()), len(rvp_tasks))
 
     pairs = [(architecture, balance) for architecture in probe_config.architectures for balance in probe_config.balance]
@@ -93,9 +99,14 @@ def probe(run: Run) -> None:
                 result |= {
                     f"test_{k}": v for k, v in metrics(y[test], trained.logits(x[test]), solve_rates[test]).items()
                 }
-                result |= {"rvp": rvp(rule, rvp_tasks, rvp_x[cell[0], cell[1]], trained), "epochs": trained.epochs,
-                           "train_rows": len(job.train), "val_rows": len(val), "test_rows": len(test),
-                           "rvp_rows": len(rvp_x[cell[0], cell[1]])}  # fmt: skip
+                result |= {
+                    "rvp": rvp(rule, rvp_tasks, rvp_x[cell[0], cell[1]], trained),
+                    "epochs": trained.epochs,
+                    "train_rows": len(job.train),
+                    "val_rows": len(val),
+                    "test_rows": len(test),
+                    "rvp_rows": len(rvp_x[cell[0], cell[1]]),
+                }
                 results.setdefault(tuple(cell), []).append(result)
                 kept.setdefault(tuple(cell), (trained, x, val, test))
     cells = []
@@ -115,16 +126,21 @@ def probe(run: Run) -> None:
     temperature = fit_temperature(trained.logits(x[val]), y[val]) if probe_config.calibrate else 1.0
     held_out = torch.cat([val, test])
     reliability(folder / "reliability.png", y[held_out], torch.sigmoid(trained.logits(x[held_out]) / temperature))
-    reference = config.reference.model or EMBEDDED_MODEL_ID
     bundle = ProbeBundle(
-        reference_model=reference, layer=chosen["layer"], pooling=chosen["pooling"],
-        architecture=chosen["architecture"], input_dim=x.shape[1], max_length=probe_config.max_length,
+        reference_model=config.reference.model or EMBEDDED_MODEL_ID,
+        reference=reference_settings(config.reference),
+        layer=chosen["layer"],
+        pooling=chosen["pooling"],
+        architecture=chosen["architecture"],
+        input_dim=x.shape[1],
+        max_length=probe_config.max_length,
         turn_vector=probe_config.turn_vector,
-        temperature=temperature, training_rows=int(chosen["train_rows"]),
+        temperature=temperature,
+        training_rows=int(chosen["train_rows"]),
         metrics={k: v for k, v in chosen.items() if isinstance(v, float) and math.isfinite(v)},
-    )  # fmt: skip
+    )
     save_bundle(folder / "selected", trained, bundle)
-    print(selection_table(cells, chosen))
+    run.say(selection_table(cells, chosen))
 
 
 def _cells_done(where: list[tuple], advance):
@@ -137,38 +153,6 @@ def _cells_done(where: list[tuple], advance):
             advance(1)
 
     return finished
-
-
-def splits(y, groups, balance: str, split: str, config, seed: int) -> Iterator[tuple]:
-    """(train, val, test) row indices: a random 80/10/10 split, or k grouped folds (test = one fold,
-    val = the next, train = the rest; no group straddles two folds). ``downsample`` first drops
-    majority-class rows at random until both classes are the same size."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    chosen = torch.arange(len(y))
-    if balance == "downsample":
-        positives, negatives = chosen[y == 1], chosen[y == 0]
-        keep = min(len(positives), len(negatives))
-        pick = lambda rows: rows[torch.randperm(len(rows), generator=generator)[:keep]]  # noqa: E731
-        chosen = torch.cat([pick(positives), pick(negatives)])
-    if split == "random":
-        if len(chosen) < 10:
-            raise PropelError(f"{len(chosen)} rows after balancing; an 80/10/10 split needs at least 10")
-        chosen = chosen[torch.randperm(len(chosen), generator=generator)]
-        n_train, n_val = int(0.8 * len(chosen)), max(1, int(0.1 * len(chosen)))
-        yield chosen[:n_train], chosen[n_train : n_train + n_val], chosen[n_train + n_val :]
-        return
-    names = sorted({groups[i] for i in chosen.tolist()})
-    if len(names) < config.folds:
-        raise PropelError(f"grouped k-fold needs at least {config.folds} groups; the labeled rows have {len(names)}")
-    order = torch.randperm(len(names), generator=generator).tolist()
-    fold_of = {names[i]: position % config.folds for position, i in enumerate(order)}
-    folds = [chosen[torch.tensor([fold_of[groups[i]] == f for i in chosen.tolist()])] for f in range(config.folds)]
-    for f in range(config.folds):
-        val_fold = (f + 1) % config.folds
-        train = torch.cat([folds[g] for g in range(config.folds) if g not in (f, val_fold)])
-        yield train, folds[val_fold], folds[f]
 
 
 def rvp(rule, tasks: list[Task], features: dict, trained) -> float:
@@ -187,8 +171,12 @@ def rvp(rule, tasks: list[Task], features: dict, trained) -> float:
         scores = {}
         if task.id in logits:
             logit = logits[task.id]
-            scores = {"logit": logit, "probability": 1 / (1 + math.exp(-logit)), "ensemble_logits": [logit],
-                      "auxiliary_logit": logit}  # fmt: skip
+            scores = {
+                "logit": logit,
+                "probability": 1 / (1 + math.exp(-logit)),
+                "ensemble_logits": [logit],
+                "auxiliary_logit": logit,
+            }
         try:
             rewards.append(rule(task, scores))
         except RewardError:  # e.g. probe_only on a task that never parsed: no reward to count

@@ -44,8 +44,10 @@ def rank(run: Run) -> None:
     labels = [label for label in labels if label.task_id in tasks]
     scores = torch.tensor([pair_score(label, config) for label in labels])
     if len(labels) < 4 or len(scores.unique()) < 2:
-        raise NotEnoughData(f"{len(labels)} labeled tasks in {source} with {len(scores.unique())} distinct scores: "
-                            "a ranker needs at least 4 tasks and 2 distinct scores")  # fmt: skip
+        raise NotEnoughData(
+            f"{len(labels)} labeled tasks in {source} with {len(scores.unique())} distinct scores: "
+            "a ranker needs at least 4 tasks and 2 distinct scores"
+        )
     x = probe.features([tasks[label.task_id].text for label in labels])
     order = list(range(len(labels)))
     random.Random(config.seed).shuffle(order)
@@ -62,10 +64,16 @@ def rank(run: Run) -> None:
         start = load_probe(folder, run.registry).probe
         before = _evaluate(start, x, scores, held_out, test_pairs)
     ranker = train_bradley_terry(
-        run.component("probe_architectures", config.rank.architecture), x, train_pairs, lr=config.rank.lr,
-        weight_decay=config.rank.weight_decay, epochs=config.rank.epochs, batch_size=config.rank.batch_size,
-        seed=config.seed, start=start,
-    )  # fmt: skip
+        run.component("probe_architectures", config.rank.architecture),
+        x,
+        train_pairs,
+        lr=config.rank.lr,
+        weight_decay=config.rank.weight_decay,
+        epochs=config.rank.epochs,
+        batch_size=config.rank.batch_size,
+        seed=config.seed,
+        start=start,
+    )
     after = _evaluate(ranker, x, scores, held_out, test_pairs)
     description = probe.bundle.model_copy(
         update={
@@ -76,13 +84,19 @@ def rank(run: Run) -> None:
         }
     )
     save_bundle(folder, ranker, description)
-    summary = {"tasks": len(labels), "train_pairs": len(train_pairs), "held_out_pairs": len(test_pairs),
-               "refresh": config.rank.refresh, "before": before, "after": after}  # fmt: skip
+    summary = {
+        "tasks": len(labels),
+        "train_pairs": len(train_pairs),
+        "held_out_pairs": len(test_pairs),
+        "refresh": config.rank.refresh,
+        "before": before,
+        "after": after,
+    }
     (folder / ("refresh.json" if config.rank.refresh else "metrics.json")).write_text(json.dumps(summary, indent=2))
     log.info("ranker on %d tasks, %d training pairs", len(labels), len(train_pairs))
     for name, values in (("before refresh", before), ("held out", after)):
         if values:
-            print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))
+            run.say(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))
 
 
 def _evaluate(ranker, x, scores, rows, pairs) -> dict[str, float]:

@@ -45,10 +45,12 @@ def report(run: Run) -> None:
         sections = [
             ("Does it work? The frontier-shift experiment", experiment_section(summary, folder)),
             ("Probe quality", probe_section(root) + probe_on_arms_section(summary)),
-            ("Training, per arm (mean over RL seeds)", image(folder / "curves.png", "training curves per arm")
-             + training_table(summary)),
+            (
+                "Training, per arm (mean over RL seeds)",
+                image(folder / "curves.png", "training curves per arm") + training_table(summary),
+            ),
             ("Solve counts per arm (pooled over RL seeds)", image(folder / "solve_counts.png", "solve counts")),
-        ]  # fmt: skip
+        ]
     else:
         sections = [
             ("Does it work? Base vs trained (real solver runs)", headline_section(root)),
@@ -59,16 +61,19 @@ def report(run: Run) -> None:
     sections += [
         ("Data funnel", funnel_section(root)),
         ("Example tasks by solve count", examples_section(root, run.config.label.k)),
-        ("Configuration", "<details><summary>the run's resolved config (click to open)</summary>"
-                          f"<pre>{html.escape(dump_config(run.config))}</pre></details>"),
-    ]  # fmt: skip
+        (
+            "Configuration",
+            "<details><summary>the run's resolved config (click to open)</summary>"
+            f"<pre>{html.escape(dump_config(run.config))}</pre></details>",
+        ),
+    ]
     body = "".join(f"<h2>{title}</h2>{content}" for title, content in sections)
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>propel report: {html.escape(str(root))}</title>"
         f"<style>{STYLE}</style></head><body><h1>propel report: {html.escape(str(root))}</h1>{body}</body></html>"
     )
     (root / "report.html").write_text(page)
-    print(f"report: {root / 'report.html'}")
+    run.say(f"report: {root / 'report.html'}")
 
 
 def with_n(value: float | None, n: int | float | None, digits: int = 3) -> Markup:
@@ -87,8 +92,17 @@ def headline_section(root: Path) -> str:
     if not path.exists():
         return missing("evaluate")
     results = json.loads(path.read_text())
-    rows = [[arm, f"{m['utility'][0]:.3f} ± {m['utility'][1]:.3f}", m["generations"], m["valid"], m["in_band"],
-             shift_text(m.get("vs_base"))] for arm, m in results.items()]  # fmt: skip
+    rows = [
+        [
+            arm,
+            f"{m['utility'][0]:.3f} ± {m['utility'][1]:.3f}",
+            m["generations"],
+            m["valid"],
+            m["in_band"],
+            shift_text(m.get("vs_base")),
+        ]
+        for arm, m in results.items()
+    ]
     if not any("vs_base" in m for m in results.values()):
         return rows_table(["arm", "utility ± SE", "generations", "valid", "in band", "utility - base"], rows)
     contexts = results["base"]["generations"]
@@ -109,14 +123,38 @@ def experiment_section(summary: dict, folder: Path) -> str:
         utility, valid = values["utility"], values["valid_rate"]
         shift = values.get("vs_base")
         seed_t = "-" if shift is None else "[{:+.3f}, {:+.3f}]".format(*shift["seed_t95"])
-        rows.append([arm, f"{utility['mean']:.3f} ± {utility['se']:.3f}", shift_text(shift), seed_t,
-                     f"{valid['mean']:.3f} ± {valid['se']:.3f}", sum(values["generations_per_seed"]),
-                     round(values["solver_trials"]["total"]), round(values["wall_seconds"]["total"])])  # fmt: skip
-    header = ["arm", f"utility ± SE ({seeds} seeds)", "utility - base [95% bootstrap, seeds x contexts]",
-              f"[95% t-interval, {seeds} seeds]", "valid rate", "generations", "solver trials", "wall s"]  # fmt: skip
-    diversity = [[arm, _mean_se(values["self_bleu_3"]), _mean_se(values["distinct_3"]),
-                  _mean_se(values["top_topic_share"]), values["top_topic"] or "-"]
-                 for arm, values in arms.items()]  # fmt: skip
+        rows.append(
+            [
+                arm,
+                f"{utility['mean']:.3f} ± {utility['se']:.3f}",
+                shift_text(shift),
+                seed_t,
+                f"{valid['mean']:.3f} ± {valid['se']:.3f}",
+                sum(values["generations_per_seed"]),
+                round(values["solver_trials"]["total"]),
+                round(values["wall_seconds"]["total"]),
+            ]
+        )
+    header = [
+        "arm",
+        f"utility ± SE ({seeds} seeds)",
+        "utility - base [95% bootstrap, seeds x contexts]",
+        f"[95% t-interval, {seeds} seeds]",
+        "valid rate",
+        "generations",
+        "solver trials",
+        "wall s",
+    ]
+    diversity = [
+        [
+            arm,
+            _mean_se(values["self_bleu_3"]),
+            _mean_se(values["distinct_3"]),
+            _mean_se(values["top_topic_share"]),
+            values["top_topic"] or "-",
+        ]
+        for arm, values in arms.items()
+    ]
     described = "; ".join(
         f"{key}: " + (", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else str(value))
         for key, value in setting.items()
@@ -151,8 +189,16 @@ def probe_on_arms_section(summary: dict) -> str:
         if not found:
             continue
         n = found["rows"]
-        rows.append([arm, n, with_n(found.get("mean_probability"), n), with_n(found.get("in_band_rate"), n),
-                     with_n(found.get("auc"), n), with_n(found.get("balanced_accuracy"), n)])  # fmt: skip
+        rows.append(
+            [
+                arm,
+                n,
+                with_n(found.get("mean_probability"), n),
+                with_n(found.get("in_band_rate"), n),
+                with_n(found.get("auc"), n),
+                with_n(found.get("balanced_accuracy"), n),
+            ]
+        )
     if not rows:
         return ""
     return "<h3>The selected probe on each arm's own tasks</h3>" + rows_table(
@@ -166,8 +212,13 @@ def training_table(summary: dict) -> str:
     for arm, values in summary["arms"].items():
         curve = values.get("training") or []
         for row in curve[:1] + curve[-1:]:
-            rows.append([arm, row["step"] + 1] + [_number(row[key]) for key in
-                        ("reward_mean", "reward_std", "validity_rate", "degenerate_groups", "kl")])  # fmt: skip
+            rows.append(
+                [arm, row["step"] + 1]
+                + [
+                    _number(row[key])
+                    for key in ("reward_mean", "reward_std", "validity_rate", "degenerate_groups", "kl")
+                ]
+            )
     header = ["arm", "step", "reward mean", "reward std", "validity", "degenerate groups", "KL"]
     return rows_table(header, rows) if rows else ""
 
@@ -237,8 +288,12 @@ def probe_section(root: Path) -> str:
             if f"{split}_{metric}" in found:
                 chosen.append([f"{metric} on {name}", with_n(found[f"{split}_{metric}"], found.get(f"{split}_rows"))])
     if "rvp" in found:
-        chosen.append(["RVP (variance of the RL reward over base-policy tasks)",
-                       with_n(found["rvp"], found.get("rvp_rows"), digits=4)])  # fmt: skip
+        chosen.append(
+            [
+                "RVP (variance of the RL reward over base-policy tasks)",
+                with_n(found["rvp"], found.get("rvp_rows"), digits=4),
+            ]
+        )
     return (
         "<h3>Selected probe</h3>"
         + rows_table(["", ""], chosen)

@@ -15,12 +15,13 @@ import json
 from pathlib import Path
 
 from propel_core.backend import prefill, prompt_text
+from propel_core.config import ModelConfig
 from propel_core.errors import NotEnoughData, PropelError
 from propel_core.evaluation import paired_comparison, pass_at_k
 from propel_core.execution import graded_attempts
 from propel_core.records import Context, Label, SolverAttempt, Task, iter_jsonl
 from propel_core.run import Run, log
-from propel_core.stages.train import load_policy, lora_config, sampled_prompts, train_and_save
+from propel_core.training import load_policy, lora_config, sampled_prompts, train_and_save
 
 PASS_AT = (1, 4, 8, 16)
 
@@ -72,15 +73,17 @@ def solve_train(run: Run) -> None:
     # the training tasks are the sampler's contexts (bucket: the task's topic), so ``progress`` can
     # steer solver training by the verifier's rewards, as it steers generator training by the probe's
     contexts = {str(i): Context(id=str(i), data={}, bucket=task.topic or "all") for i, task in enumerate(tasks)}
-    sampler = run.component("context_samplers", options.context_sampler)(
-        list(contexts.values()), seed=config.seed, **options.sampler_options
+    sampler = run.registry.context_sampler(
+        options.context_sampler, list(contexts.values()), config.seed, **options.sampler_options
     )
     sampler_log = folder / "sampler_log.jsonl"
     sampler_log.unlink(missing_ok=True)
 
     def reward(prompts, completions, prefill, context_id, **_) -> list[float]:
-        verdicts = [domain.grade(tasks[int(i)].payload, start + text)
-                    for start, text, i in zip(prefill, completions, context_id, strict=True)]  # fmt: skip
+        verdicts = [
+            domain.grade(tasks[int(i)].payload, start + text)
+            for start, text, i in zip(prefill, completions, context_id, strict=True)
+        ]
         rewards = [1.0 if verdict.solved else 0.0 for verdict in verdicts]
         sampler.update([contexts[i] for i in context_id], rewards)
         if hasattr(sampler, "diagnostics"):
@@ -97,48 +100,74 @@ def solve_train(run: Run) -> None:
         (RLOOConfig, RLOOTrainer) if options.algorithm == "rloo" else (GRPOConfig, GRPOTrainer)
     )
     arguments = config_class(
-        output_dir=str(folder), max_steps=options.steps, learning_rate=options.lr, beta=options.beta,
-        num_generations=options.group_size, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
-        temperature=options.temperature, max_completion_length=options.max_completion_length, logging_steps=1,
-        save_strategy="no", report_to=config.train.report_to, use_cpu=not torch.cuda.is_available(),
-        seed=config.seed, shuffle_dataset=False, disable_tqdm=run.quiet,
-    )  # fmt: skip
-    trainer = trainer_class(model=model, reward_funcs=reward, args=arguments, train_dataset=dataset,
-                            processing_class=tokenizer, peft_config=lora_config(config.train))  # fmt: skip
+        output_dir=str(folder),
+        max_steps=options.steps,
+        learning_rate=options.lr,
+        beta=options.beta,
+        num_generations=options.group_size,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        temperature=options.temperature,
+        max_completion_length=options.max_completion_length,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=config.train.report_to,
+        use_cpu=not torch.cuda.is_available(),
+        seed=config.seed,
+        shuffle_dataset=False,
+        disable_tqdm=run.quiet,
+    )
+    trainer = trainer_class(
+        model=model,
+        reward_funcs=reward,
+        args=arguments,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(config.train),
+    )
     train_and_save(trainer, folder)
     del trainer, model
 
-    per_prompt = {arm: solve_counts(run, held_out, adapter) for arm, adapter in
-                  (("base", None), ("trained", folder / "adapter"))}  # fmt: skip
     k = options.eval_k
+    per_prompt = {
+        arm: solve_counts(run, held_out, config.solver.with_adapter(adapter), k, config.seed)
+        for arm, adapter in (("base", None), ("trained", folder / "adapter"))
+    }
     metrics = {arm: solver_metrics(counts, k) for arm, counts in per_prompt.items()}
     rates = {arm: [count / k for count in counts] for arm, counts in per_prompt.items()}
     comparisons = {"trained_vs_base": paired_comparison(rates["trained"], rates["base"], seed=config.seed)}
     if options.baseline:
         other = json.loads(task_file(run, f"solve/{options.baseline}/per_prompt.json").read_text())
         if other["held_out"] != [task.text for task in held_out]:
-            raise PropelError(f"solve run {options.baseline!r} was evaluated on other held-out tasks; use the same "
-                              "solve_train.held_out and held_out_tasks")  # fmt: skip
+            raise PropelError(
+                f"solve run {options.baseline!r} was evaluated on other held-out tasks; use the same "
+                "solve_train.held_out and held_out_tasks"
+            )
         baseline_rates = [count / other["k"] for count in other["counts"]["trained"]]
-        comparisons[f"trained_vs_{options.baseline}"] = paired_comparison(rates["trained"], baseline_rates,
-                                                                          seed=config.seed)  # fmt: skip
-    (folder / "per_prompt.json").write_text(json.dumps(
-        {"k": k, "held_out": [task.text for task in held_out], "counts": per_prompt}))  # fmt: skip
+        comparisons[f"trained_vs_{options.baseline}"] = paired_comparison(
+            rates["trained"], baseline_rates, seed=config.seed
+        )
+    (folder / "per_prompt.json").write_text(
+        json.dumps({"k": k, "held_out": [task.text for task in held_out], "counts": per_prompt})
+    )
     (folder / "metrics.json").write_text(json.dumps({"arms": metrics, "comparisons": comparisons}, indent=2))
     for arm, values in metrics.items():
-        print(f"{arm:8s} " + "  ".join(f"{key} {value:.3f}" for key, value in values.items()))
+        run.say(f"{arm:8s} " + "  ".join(f"{key} {value:.3f}" for key, value in values.items()))
     for name, comparison in comparisons.items():
         low, high = comparison["ci95"]
-        print(f"{name}: wins {comparison['wins']}, losses {comparison['losses']}, ties {comparison['ties']}, "
-              f"mean difference {comparison['mean_difference']:+.3f} [{low:+.3f}, {high:+.3f}]")  # fmt: skip
+        run.say(
+            f"{name}: wins {comparison['wins']}, losses {comparison['losses']}, ties {comparison['ties']}, "
+            f"mean difference {comparison['mean_difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
+        )
 
 
-def solve_counts(run: Run, tasks: list[Task], adapter: Path | None) -> list[int]:
-    """Successes out of ``solve_train.eval_k`` attempts per task, by the solver (with ``adapter``);
-    both arms draw attempt ``j`` of a task with the same seed."""
-    model = run.config.solver.model_copy(update={"adapter": str(adapter) if adapter else None})
-    solved = {task.id: sum(bool(attempt.solved) for attempt in attempts)
-              for task, attempts in graded_attempts(run, tasks, run.config.solve_train.eval_k, model)}  # fmt: skip
+def solve_counts(run: Run, tasks: list[Task], solver: ModelConfig, k: int, seed: int) -> list[int]:
+    """Successes out of ``k`` attempts per task by ``solver``; every arm draws attempt ``j`` of a task
+    with the same seed."""
+    solved = {
+        task.id: sum(bool(attempt.solved) for attempt in attempts)
+        for task, attempts in graded_attempts(run, tasks, k, solver, seed)
+    }
     return [solved[task.id] for task in tasks]
 
 
@@ -164,11 +193,17 @@ def self_train(run: Run) -> None:
     folder = run.dir / "self_train"
     folder.mkdir(parents=True, exist_ok=True)
     tasks = training_tasks(run, task_file(run, options.tasks), in_band_only=False)
-    funnel = {"sampled": 0, "verified correct": 0, "one answer": 0, "within length": 0, "no repeated tags": 0,
-              "after per-task cap": 0}  # fmt: skip
+    funnel = {
+        "sampled": 0,
+        "verified correct": 0,
+        "one answer": 0,
+        "within length": 0,
+        "no repeated tags": 0,
+        "after per-task cap": 0,
+    }
     kept: list[tuple[Task, str]] = []
-    attempts = dict((task.id, found) for task, found in graded_attempts(run, tasks, options.k,
-                                                                        description="self-train sampling"))  # fmt: skip
+    found = graded_attempts(run, tasks, options.k, config.solver, config.seed, description="self-train sampling")
+    attempts = {task.id: graded for task, graded in found}
     for task in tasks:  # in task order, whatever order the attempts finished in
         survivors = keep_clean(attempts[task.id], options, funnel)
         kept += [(task, text) for text in sorted(survivors, key=len)[: options.per_task_cap]]
@@ -181,25 +216,41 @@ def self_train(run: Run) -> None:
     for task, text in kept:
         messages = domain.solver_prompt(task.payload)
         start = prefill(messages)  # the prompt already ends with it; the completion is the rest
-        rows.append({"prompt": prompt_text(tokenizer, messages, config.solver.chat_template, "solver"),
-                     "completion": text[len(start):] + (tokenizer.eos_token or "")})  # fmt: skip
+        rows.append(
+            {
+                "prompt": prompt_text(tokenizer, messages, config.solver.chat_template, "solver"),
+                "completion": text[len(start) :] + (tokenizer.eos_token or ""),
+            }
+        )
     mixed = mix(rows, options, seed=config.seed)
     report = {"funnel": funnel, "self_rows": len(rows), "original_rows": len(mixed) - len(rows), "rows": len(mixed)}
     (folder / "filter_report.json").write_text(json.dumps(report, indent=2))
     for step, count in funnel.items():
-        print(f"  {count:6d}  {step}")
-    print(f"fine-tuning on {len(mixed)} rows ({len(rows)} self-generated, {len(mixed) - len(rows)} original)")
+        run.say(f"  {count:6d}  {step}")
+    run.say(f"fine-tuning on {len(mixed)} rows ({len(rows)} self-generated, {len(mixed) - len(rows)} original)")
     from datasets import Dataset
 
     random.Random(config.seed).shuffle(mixed)
     arguments = SFTConfig(
-        output_dir=str(folder), max_steps=options.steps, learning_rate=options.lr,
-        per_device_train_batch_size=options.batch_size, logging_steps=1, save_strategy="no",
-        report_to=config.train.report_to, use_cpu=not torch.cuda.is_available(), seed=config.seed,
-        completion_only_loss=True, disable_tqdm=run.quiet,
-    )  # fmt: skip
-    trainer = SFTTrainer(model=model, args=arguments, train_dataset=Dataset.from_list(mixed),
-                         processing_class=tokenizer, peft_config=lora_config(config.train))  # fmt: skip
+        output_dir=str(folder),
+        max_steps=options.steps,
+        learning_rate=options.lr,
+        per_device_train_batch_size=options.batch_size,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=config.train.report_to,
+        use_cpu=not torch.cuda.is_available(),
+        seed=config.seed,
+        completion_only_loss=True,
+        disable_tqdm=run.quiet,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=arguments,
+        train_dataset=Dataset.from_list(mixed),
+        processing_class=tokenizer,
+        peft_config=lora_config(config.train),
+    )
     train_and_save(trainer, folder)
 
 

@@ -38,8 +38,9 @@ def success_probability(expression: str) -> float:
     operators = OPERATOR.findall(expression)
     extra_digits = sum(len(operand.lstrip("0") or "0") - 1 for operand in operands)
     products = sum(op in "*/" for op in operators)
-    return (BASE * PER_EXTRA_DIGIT**extra_digits * PER_PRODUCT**products
-            * PER_EXTRA_OPERATION ** max(len(operators) - 1, 0))  # fmt: skip
+    return (
+        BASE * PER_EXTRA_DIGIT**extra_digits * PER_PRODUCT**products * PER_EXTRA_OPERATION ** max(len(operators) - 1, 0)
+    )
 
 
 class ArithmeticSkill:

@@ -10,17 +10,17 @@ from propel_core.domain import ParseError, make_task
 
 
 @pytest.fixture
-def domain(registry):
-    return registry.domain("arithmetic")
+def domain(propel_registry):
+    return propel_registry.domain("arithmetic")
 
 
 @pytest.fixture
-def predicates(registry, domain):
-    return {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+def predicates(propel_registry, domain):
+    return {name: propel_registry.get("validity_predicates", name) for name in domain.validity_predicates}
 
 
-def test_shows_up_in_propel_plugins(registry):
-    described = {p["name"]: p for p in registry.describe()}
+def test_shows_up_in_propel_plugins(propel_registry):
+    described = {p["name"]: p for p in propel_registry.describe()}
     assert described["arithmetic"]["registers"] == {
         "domains": ["arithmetic"],
         "model_backends": ["arithmetic_skill"],
@@ -31,8 +31,12 @@ def test_shows_up_in_propel_plugins(registry):
 def test_contexts_show_two_well_formed_exercises(domain, predicates):
     contexts = domain.contexts()
     assert len(contexts) == 48 and len({c.id for c in contexts}) == 48
-    assert {c.bucket for c in contexts} == {"1 operation, 1-digit", "1 operation, 2-digit",
-                                            "2 operations, 1-digit", "2 operations, 2-digit"}  # fmt: skip
+    assert {c.bucket for c in contexts} == {
+        "1 operation, 1-digit",
+        "1 operation, 2-digit",
+        "2 operations, 1-digit",
+        "2 operations, 2-digit",
+    }
     for context in contexts:
         for example in context.data["examples"]:
             task = make_task("t", domain, context, f"Compute: {example}", "m", predicates)
@@ -149,12 +153,12 @@ def test_the_simulated_solver_succeeds_as_its_formula_says(expression, expected)
     assert success_probability(expression) == pytest.approx(expected)
 
 
-def test_the_simulated_solver_answers_at_its_rate_and_repeats_itself(registry, domain):
+def test_the_simulated_solver_answers_at_its_rate_and_repeats_itself(propel_registry, domain):
     """Over many attempts the share of right answers (graded by the domain) is the formula's chance,
     a seed gives the same answers again, and other seeds give other ones."""
     from propel_core.config import ModelConfig, Sampling
 
-    backend = registry.backend(ModelConfig(backend="arithmetic_skill"))
+    backend = propel_registry.backend(ModelConfig(backend="arithmetic_skill"))
     payloads = [{"expression": "23 * 45"}, {"expression": "3 + 7"}]
     prompts = [domain.solver_prompt(payload) for payload in payloads]
     answers = backend.generate(prompts, Sampling(), n=2000, seed=[5, 6])
@@ -165,11 +169,11 @@ def test_the_simulated_solver_answers_at_its_rate_and_repeats_itself(registry, d
     assert backend.generate(prompts, Sampling(), n=2000, seed=[7, 8]) != answers
 
 
-def test_the_simulated_solver_refuses_what_it_cannot_answer(registry):
+def test_the_simulated_solver_refuses_what_it_cannot_answer(propel_registry):
     from propel_core.config import ModelConfig, Sampling
     from propel_core.errors import PropelError
 
-    backend = registry.backend(ModelConfig(backend="arithmetic_skill"))
+    backend = propel_registry.backend(ModelConfig(backend="arithmetic_skill"))
     with pytest.raises(PropelError, match="answers only the arithmetic domain's solver prompt"):
         backend.generate(["Write a poem."], Sampling())
     with pytest.raises(PropelError, match="has no hidden states"):

@@ -33,23 +33,114 @@ def register_validity_predicates(register):
 
 ALLOWED_IMPORTS = frozenset({"math", "string", "itertools", "collections", "functools", "re", "heapq", "bisect"})
 BANNED_NAMES = frozenset(
-    {"eval", "exec", "compile", "open", "__import__", "globals", "locals", "vars", "getattr", "setattr", "delattr",
-     "input", "breakpoint", "exit", "quit", "help", "memoryview", "__builtins__", "print"}
-)  # fmt: skip
+    {
+        "eval",
+        "exec",
+        "compile",
+        "open",
+        "__import__",
+        "globals",
+        "locals",
+        "vars",
+        "getattr",
+        "setattr",
+        "delattr",
+        "input",
+        "breakpoint",
+        "exit",
+        "quit",
+        "help",
+        "memoryview",
+        "__builtins__",
+        "print",
+    }
+)
 
 # attribute and imported names that lead from an allowed module or a value to the rest of the
 # interpreter (modules, processes, the import system, frames) or to string formatting's attribute
 # traversal; a name starting with "_" is refused as well, whatever it is
 BANNED_ATTRIBUTES = frozenset(
-    {"sys", "os", "posix", "nt", "builtins", "subprocess", "importlib", "shutil", "socket", "ctypes", "signal",
-     "pty", "runpy", "inspect", "gc", "marshal", "pickle", "enum", "copyreg", "typing", "types", "warnings",
-     "weakref", "threading", "linecache", "tempfile", "pathlib", "io", "system", "popen", "spawnv", "spawnl",
-     "fork", "forkpty", "execv", "execve", "execl", "execlp", "execvp", "kill", "environ", "putenv", "modules",
-     "import_module", "load_module", "exec_module", "find_spec", "loader", "reload", "eval", "exec", "open",
-     "getattr", "setattr", "delattr", "globals", "locals", "vars", "breakpoint", "mro", "f_globals",
-     "f_builtins", "f_locals", "f_back", "f_code", "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame",
-     "ag_code", "tb_frame", "tb_next", "func_globals", "Formatter", "get_field", "get_value", "vformat"}
-)  # fmt: skip
+    {
+        "sys",
+        "os",
+        "posix",
+        "nt",
+        "builtins",
+        "subprocess",
+        "importlib",
+        "shutil",
+        "socket",
+        "ctypes",
+        "signal",
+        "pty",
+        "runpy",
+        "inspect",
+        "gc",
+        "marshal",
+        "pickle",
+        "enum",
+        "copyreg",
+        "typing",
+        "types",
+        "warnings",
+        "weakref",
+        "threading",
+        "linecache",
+        "tempfile",
+        "pathlib",
+        "io",
+        "system",
+        "popen",
+        "spawnv",
+        "spawnl",
+        "fork",
+        "forkpty",
+        "execv",
+        "execve",
+        "execl",
+        "execlp",
+        "execvp",
+        "kill",
+        "environ",
+        "putenv",
+        "modules",
+        "import_module",
+        "load_module",
+        "exec_module",
+        "find_spec",
+        "loader",
+        "reload",
+        "eval",
+        "exec",
+        "open",
+        "getattr",
+        "setattr",
+        "delattr",
+        "globals",
+        "locals",
+        "vars",
+        "breakpoint",
+        "mro",
+        "f_globals",
+        "f_builtins",
+        "f_locals",
+        "f_back",
+        "f_code",
+        "gi_frame",
+        "gi_code",
+        "cr_frame",
+        "cr_code",
+        "ag_frame",
+        "ag_code",
+        "tb_frame",
+        "tb_next",
+        "func_globals",
+        "Formatter",
+        "get_field",
+        "get_value",
+        "vformat",
+    }
+)
 FORMAT_METHODS = frozenset({"format", "format_map"})
 
 SECTION = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL) for name in ("code", "inputs", "message")}
@@ -119,7 +210,7 @@ class AZR(Domain):
 
     @cached_property
     def sandbox(self):
-        return self.registry.get("sandboxes", self.sandbox_name)(**self.sandbox_options)
+        return self.registry.sandbox(self.sandbox_name, **self.sandbox_options)
 
     def contexts(self) -> list[Context]:
         seeds = files("propel_azr").joinpath("seeds.jsonl").read_text().splitlines()

@@ -8,9 +8,29 @@ from __future__ import annotations
 import ast
 
 STRING_METHODS = frozenset(
-    {"upper", "lower", "split", "join", "replace", "strip", "capitalize", "startswith", "endswith", "isalpha",
-     "isdigit", "islower", "isupper", "find", "index", "count", "title", "zfill", "ljust", "rjust"}
-)  # fmt: skip
+    {
+        "upper",
+        "lower",
+        "split",
+        "join",
+        "replace",
+        "strip",
+        "capitalize",
+        "startswith",
+        "endswith",
+        "isalpha",
+        "isdigit",
+        "islower",
+        "isupper",
+        "find",
+        "index",
+        "count",
+        "title",
+        "zfill",
+        "ljust",
+        "rjust",
+    }
+)
 ORDER_CALLS = frozenset({"sorted", "sort", "min", "max", "reversed", "heappush", "heappop", "bisect_left"})
 
 

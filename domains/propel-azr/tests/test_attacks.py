@@ -190,8 +190,9 @@ def code_for(name: str, host) -> str:
 
 def task_for(code: str) -> Task:
     payload = {"code": code, "inputs": [[i] for i in range(10)], "message": "hint"}
-    return Task(id="a", domain="azr", context_id="c", generation="", payload=payload, validity=Validity.ok(),
-                generator="m")  # fmt: skip
+    return Task(
+        id="a", domain="azr", context_id="c", generation="", payload=payload, validity=Validity.ok(), generator="m"
+    )
 
 
 def test_at_least_twenty_attacks():

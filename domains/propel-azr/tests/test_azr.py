@@ -14,8 +14,8 @@ from propel_core.plugins import Registry
 from propel_core.records import Context, Task, Validity
 
 
-def test_shows_up_in_propel_plugins(registry):
-    described = {p["name"]: p for p in registry.describe()}
+def test_shows_up_in_propel_plugins(propel_registry):
+    described = {p["name"]: p for p in propel_registry.describe()}
     assert described["azr"]["registers"] == {"domains": ["azr"], "validity_predicates": ["azr_execution", "azr_static"]}
 
 
@@ -73,8 +73,15 @@ def test_parse_rejections(domain, text, reason):
 
 
 def static(code: str) -> Validity:
-    task = Task(id="t", domain="azr", context_id="c", generation="", generator="m", validity=Validity.ok(),
-                payload={"code": code, "inputs": [], "message": "m"})  # fmt: skip
+    task = Task(
+        id="t",
+        domain="azr",
+        context_id="c",
+        generation="",
+        generator="m",
+        validity=Validity.ok(),
+        payload={"code": code, "inputs": [], "message": "m"},
+    )
     return check_static(task, None)
 
 
@@ -179,13 +186,15 @@ def test_parse_and_static_filter_never_raise(text):
 @pytest.mark.slow
 def test_generate_on_the_embedded_model(propel_cli, tmp_path, domain):
     config = tmp_path / "azr.yaml"
-    config.write_text(f"run_dir: {tmp_path}\ndomain:\n  name: azr\ngenerate:\n  num_tasks: 3\n"
-                      "generator:\n  sampling: {max_new_tokens: 96}\n")  # fmt: skip
+    config.write_text(
+        f"run_dir: {tmp_path}\ndomain:\n  name: azr\ngenerate:\n  num_tasks: 3\n"
+        "generator:\n  sampling: {max_new_tokens: 96}\n"
+    )
     out = propel_cli("-q", "generate", str(config)).stdout
     assert out.startswith("generated 3 -> parsed")
-    from propel_core.records import read_jsonl
+    from propel_core.records import iter_jsonl
 
-    tasks = read_jsonl(tmp_path / "tasks.jsonl", Task)
+    tasks = list(iter_jsonl(tmp_path / "tasks.jsonl", Task))
     assert len(tasks) == 3 and all(t.generation.startswith("<code>\ndef f(") for t in tasks)
     for task in tasks:
         assert task.validity.valid or task.validity.reason

@@ -140,11 +140,21 @@ class Countdown(Domain):
         return Verdict(True, None, diagnostics)
 
     def markers_reached(self, generation: str) -> list[str]:
-        reached = [name for name, line in (("target line", TARGET_LINE), ("numbers line", NUMBERS_LINE))
-                   if line.search(generation)]  # fmt: skip
+        reached = [
+            name
+            for name, line in (("target line", TARGET_LINE), ("numbers line", NUMBERS_LINE))
+            if line.search(generation)
+        ]
         try:
-            task = Task(id="", domain=self.name, context_id="", generation=generation, generator="",
-                        payload=self.parse(generation), validity=Validity.ok())  # fmt: skip
+            task = Task(
+                id="",
+                domain=self.name,
+                context_id="",
+                generation=generation,
+                generator="",
+                payload=self.parse(generation),
+                validity=Validity.ok(),
+            )
         except ParseError:
             return reached
         reached.append("parsed")

@@ -15,8 +15,8 @@ from propel_core.plugins import Registry
 from propel_countdown.arithmetic import ExpressionError, evaluate, solvable
 
 
-def test_shows_up_in_propel_plugins(registry):
-    described = {p["name"]: p for p in registry.describe()}
+def test_shows_up_in_propel_plugins(propel_registry):
+    described = {p["name"]: p for p in propel_registry.describe()}
     assert described["countdown"]["registers"] == {
         "domains": ["countdown"],
         "validity_predicates": ["countdown_rules", "countdown_solvable"],
@@ -24,13 +24,13 @@ def test_shows_up_in_propel_plugins(registry):
 
 
 @pytest.fixture
-def domain(registry):
-    return registry.domain("countdown")
+def domain(propel_registry):
+    return propel_registry.domain("countdown")
 
 
 @pytest.fixture
-def predicates(registry, domain):
-    return {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+def predicates(propel_registry, domain):
+    return {name: propel_registry.get("validity_predicates", name) for name in domain.validity_predicates}
 
 
 def brute_force(numbers, target):
@@ -65,9 +65,15 @@ def test_search_agrees_with_brute_force():
 
 @pytest.mark.parametrize(
     ("numbers", "target", "expected"),
-    [((3, 8, 8), 24, True), ((1, 5, 5, 5), 24, True), ((2, 3), 7, False), ((1, 1, 1, 1, 1, 1), 10, False),
-     ((1, 1, 1, 1, 1, 1), 9, True), ((3, 6, 25, 50, 75, 100), 952, True)],
-)  # fmt: skip
+    [
+        ((3, 8, 8), 24, True),
+        ((1, 5, 5, 5), 24, True),
+        ((2, 3), 7, False),
+        ((1, 1, 1, 1, 1, 1), 10, False),
+        ((1, 1, 1, 1, 1, 1), 9, True),
+        ((3, 6, 25, 50, 75, 100), 952, True),
+    ],
+)
 def test_known_puzzles(numbers, target, expected):
     assert solvable(numbers, target) is expected
 
@@ -238,11 +244,12 @@ def test_grader_never_raises(expression):
         ("<answer>\n3 * 8\nthat is 24", True),  # leading blank lines are skipped
     ],
 )
-def test_direct_answer_prefills_the_tag_and_grades_the_first_line(registry, attempt, solved):
-    direct = registry.domain("countdown", direct_answer=True, num_contexts=1)
+def test_direct_answer_prefills_the_tag_and_grades_the_first_line(propel_registry, attempt, solved):
+    direct = propel_registry.domain("countdown", direct_answer=True, num_contexts=1)
     prompt = direct.solver_prompt({"numbers": [3, 8, 8], "target": 24})
     assert prompt[-1] == {"role": "assistant", "content": "<answer>"}
     assert direct.grade({"numbers": [3, 8, 8], "target": 24}, attempt).solved is solved
     assert (
-        registry.domain("countdown", num_contexts=1).solver_prompt({"numbers": [3], "target": 3})[-1]["role"] == "user"
+        propel_registry.domain("countdown", num_contexts=1).solver_prompt({"numbers": [3], "target": 3})[-1]["role"]
+        == "user"
     )

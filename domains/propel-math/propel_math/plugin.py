@@ -77,8 +77,9 @@ class Math(Domain):
             raise ValueError("no example pools: name built-in pools or user_pools")
         self.contexts_per_pool, self.seed = contexts_per_pool, seed
         self.oracles, self.oracle_attempts, self.oracle_backend = list(oracles), oracle_attempts, oracle_backend
-        self.oracle_sampling = Sampling(**{"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 512,
-                                           **(oracle_sampling or {})})  # fmt: skip
+        self.oracle_sampling = Sampling(
+            **{"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 512, **(oracle_sampling or {})}
+        )
         self.min_chars, self.max_chars = min_chars, max_chars
         self.verify_timeout = verify_timeout
 

@@ -136,8 +136,22 @@ def _bus(r):
     ), start - 2 * off + on
 
 
-GRADE_SCHOOL: list[Template] = [_shop, _train, _apples, _ages, _percent, _share, _garden, _savings, _pages,
-                                _minutes, _coins, _recipe, _average, _bus]  # fmt: skip
+GRADE_SCHOOL: list[Template] = [
+    _shop,
+    _train,
+    _apples,
+    _ages,
+    _percent,
+    _share,
+    _garden,
+    _savings,
+    _pages,
+    _minutes,
+    _coins,
+    _recipe,
+    _average,
+    _bus,
+]
 
 # -- competition ----------------------------------------------------------------------------------
 
@@ -227,9 +241,22 @@ def _handshakes(r):
     )
 
 
-COMPETITION: list[Template] = [_divisors, _power_mod, _arith_series, _choose, _dice, _linear_system, _gcd_lcm,
-                               _digit_sum_power, _triangle_area, _vieta, _last_two_digits, _multiples, _geometric,
-                               _handshakes]  # fmt: skip
+COMPETITION: list[Template] = [
+    _divisors,
+    _power_mod,
+    _arith_series,
+    _choose,
+    _dice,
+    _linear_system,
+    _gcd_lcm,
+    _digit_sum_power,
+    _triangle_area,
+    _vieta,
+    _last_two_digits,
+    _multiples,
+    _geometric,
+    _handshakes,
+]
 
 # -- olympiad-style -------------------------------------------------------------------------------
 
@@ -335,9 +362,22 @@ def _min_n_power(r):
     return f"What is the smallest positive integer $n$ such that ${base}^n - 1$ is divisible by {m}?", n
 
 
-OLYMPIAD: list[Template] = [_coprime_pairs, _trailing_zeros, _no_adjacent_ones, _quadratic_divisible, _subset_sums,
-                            _compositions, _fib_mod, _not_square_cube, _smallest_multiple, _digit_condition,
-                            _lattice_circle, _derangements, _totient_sum, _min_n_power]  # fmt: skip
+OLYMPIAD: list[Template] = [
+    _coprime_pairs,
+    _trailing_zeros,
+    _no_adjacent_ones,
+    _quadratic_divisible,
+    _subset_sums,
+    _compositions,
+    _fib_mod,
+    _not_square_cube,
+    _smallest_multiple,
+    _digit_condition,
+    _lattice_circle,
+    _derangements,
+    _totient_sum,
+    _min_n_power,
+]
 
 BUILTIN_POOLS = {"grade_school": GRADE_SCHOOL, "competition": COMPETITION, "olympiad": OLYMPIAD}
 

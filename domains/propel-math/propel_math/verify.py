@@ -48,9 +48,22 @@ class Verifier:
             command = [shutil.which("prlimit"), *limits, *command]
         if shutil.which("bwrap") and os.geteuid() == 0:
             # the whole filesystem read-only (no tmpfs over /tmp: the interpreter may live there)
-            command = [shutil.which("bwrap"), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                       "--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--",
-                       *command]  # fmt: skip
+            command = [
+                shutil.which("bwrap"),
+                "--ro-bind",
+                "/",
+                "/",
+                "--dev",
+                "/dev",
+                "--proc",
+                "/proc",
+                "--unshare-net",
+                "--unshare-pid",
+                "--unshare-ipc",
+                "--die-with-parent",
+                "--",
+                *command,
+            ]
         self._process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,

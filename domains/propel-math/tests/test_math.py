@@ -16,8 +16,8 @@ from propel_math.pools import BUILTIN_POOLS, builtin_pool, load_pool
 from propel_math.verify import Verifier
 
 
-def test_shows_up_in_propel_plugins(registry):
-    described = {p["name"]: p for p in registry.describe()}
+def test_shows_up_in_propel_plugins(propel_registry):
+    described = {p["name"]: p for p in propel_registry.describe()}
     assert described["math"]["registers"] == {"domains": ["math"], "validity_predicates": ["math_oracle", "math_spec"]}
 
 
@@ -94,8 +94,15 @@ def test_parse_rejects_empty(domain):
 
 
 def spec(domain, problem: str) -> Validity:
-    task = Task(id="t", domain="math", context_id="c", generation="", generator="m", validity=Validity.ok(),
-                payload={"problem": problem})  # fmt: skip
+    task = Task(
+        id="t",
+        domain="math",
+        context_id="c",
+        generation="",
+        generator="m",
+        validity=Validity.ok(),
+        payload={"problem": problem},
+    )
     return check_spec(task, domain)
 
 
@@ -308,11 +315,18 @@ def scripted_oracles(replies):
         (["\\boxed{6}", "no idea", "\\boxed{6}", "\\boxed{6}"], False, "unscorable: an oracle attempt gave no final"),
     ],
 )
-def test_oracle_policy(register_plugin, replies, valid, reason):
-    registry = register_plugin(scripted_oracles(replies))
+def test_oracle_policy(propel_register_plugin, replies, valid, reason):
+    registry = propel_register_plugin(scripted_oracles(replies))
     domain = registry.domain("math", oracles=["a", "b"], oracle_backend="scripted")
-    task = Task(id="t", domain="math", context_id="c", generation="", generator="m", validity=Validity.ok(),
-                payload={"problem": "What is 2 * 3?"})  # fmt: skip
+    task = Task(
+        id="t",
+        domain="math",
+        context_id="c",
+        generation="",
+        generator="m",
+        validity=Validity.ok(),
+        payload={"problem": "What is 2 * 3?"},
+    )
     validity = check_oracle(task, domain)
     assert validity.valid is valid
     assert len(task.payload["oracle_answers"]) == 4
@@ -326,8 +340,15 @@ def test_oracle_policy(register_plugin, replies, valid, reason):
 def test_oracle_policy_with_the_embedded_model():
     """Greedy oracles agree with themselves, so the real model's answer becomes the reference."""
     domain = Registry.build().domain("math", oracle_sampling={"temperature": 0.0, "max_new_tokens": 48})
-    task = Task(id="t", domain="math", context_id="c", generation="", generator="m", validity=Validity.ok(),
-                payload={"problem": "What is 12 + 30?"})  # fmt: skip
+    task = Task(
+        id="t",
+        domain="math",
+        context_id="c",
+        generation="",
+        generator="m",
+        validity=Validity.ok(),
+        payload={"problem": "What is 12 + 30?"},
+    )
     validity = check_oracle(task, domain)
     answers = task.payload["oracle_answers"]
     assert len(answers) == 4 and len(set(answers)) == 1
@@ -343,9 +364,9 @@ def test_generate_on_the_embedded_model(propel_cli, tmp_path):
     )
     out = propel_cli("-q", "generate", str(config)).stdout
     assert out.startswith("generated 3 -> parsed")
-    from propel_core.records import read_jsonl
+    from propel_core.records import iter_jsonl
 
-    tasks = read_jsonl(tmp_path / "tasks.jsonl", Task)
+    tasks = list(iter_jsonl(tmp_path / "tasks.jsonl", Task))
     assert len(tasks) == 3 and all(t.generation.startswith("Problem:") for t in tasks)
     for task in tasks:
         assert task.validity.valid or task.validity.reason

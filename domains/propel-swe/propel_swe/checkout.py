@@ -52,8 +52,11 @@ def python_environment(folder: Path, packages: list[str]) -> Path:
     if ready.exists() and ready.read_text() == "\n".join(packages):
         return folder
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(folder)], check=True)
-    done = subprocess.run([str(folder / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                           *packages], capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [str(folder / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *packages],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise PropelError(f"cannot install {' '.join(packages)} into {folder}: {done.stderr.strip()[-300:]}")
     ready.write_text("\n".join(packages))

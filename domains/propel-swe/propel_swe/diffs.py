@@ -14,9 +14,22 @@ from pathlib import PurePosixPath
 
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 RUNNER_FILES = frozenset(
-    {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py",
-     "sitecustomize.py", "usercustomize.py", ".coveragerc", "pytest.py", "pytest.toml", ".pytest.toml"}
-)  # fmt: skip
+    {
+        "conftest.py",
+        "pytest.ini",
+        ".pytest.ini",
+        "tox.ini",
+        "setup.cfg",
+        "pyproject.toml",
+        "noxfile.py",
+        "sitecustomize.py",
+        "usercustomize.py",
+        ".coveragerc",
+        "pytest.py",
+        "pytest.toml",
+        ".pytest.toml",
+    }
+)
 CODE_SUFFIXES = (".py", ".pyc", ".pyi", ".pth", ".so")
 KINDS = ("dir", "link", "special", "unreadable")  # snapshot entries that are not a regular file's
 

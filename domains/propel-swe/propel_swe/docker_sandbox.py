@@ -97,8 +97,9 @@ class DockerWorkspace:
             return SandboxResult("sandbox_error", detail="the container was killed")
         api = self.sandbox.client.api
         started = time.monotonic()
-        exec_id = api.exec_create(self.container.id, ["timeout", "-k", "2", str(int(limit) + 1), "bash", "-c", command],
-                                  workdir=self.workdir)["Id"]  # fmt: skip
+        exec_id = api.exec_create(
+            self.container.id, ["timeout", "-k", "2", str(int(limit) + 1), "bash", "-c", command], workdir=self.workdir
+        )["Id"]
         chunks: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         capped = threading.Event()
 

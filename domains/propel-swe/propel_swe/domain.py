@@ -82,7 +82,7 @@ class SWE(Domain):
         if self._sandbox is None:
             if self.registry is None:
                 raise PropelError("the swe domain gets its sandbox from the registry; create it with Registry.domain")
-            self._sandbox = self.registry.get("sandboxes", self.sandbox_name)(**self.sandbox_options)
+            self._sandbox = self.registry.repository_sandbox(self.sandbox_name, **self.sandbox_options)
         return self._sandbox
 
     def baseline(self, repo: RepoSpec, force: bool = False) -> Baseline:
@@ -139,9 +139,16 @@ class SWE(Domain):
         if self.generator == "procedural":
             return json.dumps(self.procedural_episode(repo, context, seed))
         with workspace(self.sandbox, repo) as ws:
-            trajectory = agent.run_episode(ws, self.generator_prompt(context), reply, agent.BUG_WRITER_TOOLS,
-                                           self.max_turns, self.episode_budget, self.command_time_limit,
-                                           self.max_output_chars)  # fmt: skip
+            trajectory = agent.run_episode(
+                ws,
+                self.generator_prompt(context),
+                reply,
+                agent.BUG_WRITER_TOOLS,
+                self.max_turns,
+                self.episode_budget,
+                self.command_time_limit,
+                self.max_output_chars,
+            )
             trajectory["diff"] = agent.final_diff(ws) if trajectory["stop_reason"] != "error" else ""
         return json.dumps({"repo": repo.name, "generator": "agent", **trajectory})
 
@@ -158,11 +165,21 @@ class SWE(Domain):
         stop_reason, (description, diff) = "stop", found or ("", "")
         if found is None:
             stop_reason = NO_MUTANT_LEFT
-            description = (f"no mutant left: {repo.name} has {len(mutants.made)} distinct mutants and this "
-                           f"episode asked for number {index} (from 0)")  # fmt: skip
+            description = (
+                f"no mutant left: {repo.name} has {len(mutants.made)} distinct mutants and this "
+                f"episode asked for number {index} (from 0)"
+            )
         turn = {"assistant": f"{description}\n{diff}", "tool": None}
-        return {"repo": repo.name, "generator": "procedural", "messages": [], "turns": [turn],
-                "stop_reason": stop_reason, "detail": description, "seconds": 0.0, "diff": diff}  # fmt: skip
+        return {
+            "repo": repo.name,
+            "generator": "procedural",
+            "messages": [],
+            "turns": [turn],
+            "stop_reason": stop_reason,
+            "detail": description,
+            "seconds": 0.0,
+            "diff": diff,
+        }
 
     def clean_sources(self, repo: RepoSpec) -> dict[str, str]:
         """The clean checkout's code under test (path -> source), read once per repository: the files
@@ -172,8 +189,9 @@ class SWE(Domain):
             imported = self.baseline(repo).imported_files
             with workspace(self.sandbox, repo) as ws:
                 listed = ws.run("git ls-files -z").stdout.split("\0")
-                self._sources[repo.name] = {path: ws.read(path).decode(errors="replace")
-                                            for path in source_files(listed, imported)}  # fmt: skip
+                self._sources[repo.name] = {
+                    path: ws.read(path).decode(errors="replace") for path in source_files(listed, imported)
+                }
         return self._sources[repo.name]
 
     def parse(self, generation: str) -> dict[str, Any]:
@@ -231,9 +249,16 @@ class SWE(Domain):
                 reset = ws.run(RESET_HISTORY)
                 if problem or reset.returncode != 0:
                     return json.dumps({"status": "setup_failed", "detail": problem or reset.stderr[-300:]})
-                trajectory = agent.run_episode(ws, self.solver_prompt(payload), reply, agent.SOLVER_TOOLS,
-                                               self.solver_max_turns, self.solver_budget, self.command_time_limit,
-                                               self.max_output_chars)  # fmt: skip
+                trajectory = agent.run_episode(
+                    ws,
+                    self.solver_prompt(payload),
+                    reply,
+                    agent.SOLVER_TOOLS,
+                    self.solver_max_turns,
+                    self.solver_budget,
+                    self.command_time_limit,
+                    self.max_output_chars,
+                )
                 trajectory["diff"] = agent.final_diff(ws)
         except PropelError as exc:
             return json.dumps({"status": "setup_failed", "detail": str(exc)})

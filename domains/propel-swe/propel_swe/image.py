@@ -18,9 +18,44 @@ from pathlib import Path
 
 from propel_core.errors import PropelError
 
-TOOLS = ("bash", "sh", "git", "timeout", "env", "cat", "ls", "cp", "mv", "rm", "mkdir", "rmdir", "touch", "chmod",
-         "sed", "grep", "head", "tail", "wc", "sort", "uniq", "find", "xargs", "diff", "sleep", "echo", "pwd",
-         "dirname", "basename", "tr", "cut", "true", "false", "test", "nl", "id")  # fmt: skip
+TOOLS = (
+    "bash",
+    "sh",
+    "git",
+    "timeout",
+    "env",
+    "cat",
+    "ls",
+    "cp",
+    "mv",
+    "rm",
+    "mkdir",
+    "rmdir",
+    "touch",
+    "chmod",
+    "sed",
+    "grep",
+    "head",
+    "tail",
+    "wc",
+    "sort",
+    "uniq",
+    "find",
+    "xargs",
+    "diff",
+    "sleep",
+    "echo",
+    "pwd",
+    "dirname",
+    "basename",
+    "tr",
+    "cut",
+    "true",
+    "false",
+    "test",
+    "nl",
+    "id",
+)
 SKIPPED = re.compile(r"/(site-packages|test|tests|idlelib|tkinter|turtledemo|ensurepip|__pycache__)(/|$)")
 
 
@@ -52,8 +87,10 @@ def rootfs(python_env: Path) -> bytes:
         tar.addfile(info, io.BytesIO(passwd))
         # one entry per file, under its folder's real path (/lib may be a link to /usr/lib), named
         # as it is loaded (libc.so.6, not the file it links to)
-        files = {os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p)): os.path.realpath(p)
-                 for p in {*binaries, *shared_libraries(binaries)}}  # fmt: skip
+        files = {
+            os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p)): os.path.realpath(p)
+            for p in {*binaries, *shared_libraries(binaries)}
+        }
         for name, real in sorted(files.items()):
             if not name.startswith(f"{base}/"):  # the interpreter's own folders come whole, below
                 tar.add(real, arcname=name.lstrip("/"))
@@ -71,8 +108,11 @@ def rootfs(python_env: Path) -> bytes:
             if entry.name.startswith("libpython"):
                 tar.add(str(entry), arcname=str(entry).lstrip("/"))
         stdlib = lib / version
-        tar.add(str(stdlib), arcname=str(stdlib).lstrip("/"), filter=lambda info: None if SKIPPED.search(
-            "/" + info.name) else info)  # fmt: skip
+        tar.add(
+            str(stdlib),
+            arcname=str(stdlib).lstrip("/"),
+            filter=lambda info: None if SKIPPED.search("/" + info.name) else info,
+        )
         tar.add(str(python_env), arcname=str(python_env).lstrip("/"), filter=_no_caches)
     return buffer.getvalue()
 
@@ -87,6 +127,7 @@ def import_image(client, tag: str, python_env: Path) -> str:
         raise PropelError(f"{python_env} is not a virtual environment")
     repository, _, version = tag.partition(":")
     changes = [f"ENV PATH={python_env}/bin:/usr/bin:/bin", "ENV LANG=C.UTF-8", "ENV PYTHONDONTWRITEBYTECODE=1"]
-    client.api.import_image_from_data(rootfs(python_env), repository=repository, tag=version or "latest",
-                                      changes=changes)  # fmt: skip
+    client.api.import_image_from_data(
+        rootfs(python_env), repository=repository, tag=version or "latest", changes=changes
+    )
     return client.images.get(tag).id

@@ -44,13 +44,10 @@ def register_commands(cli):
     def preflight(ctx: click.Context, config: str, overrides: tuple[str, ...], force: bool) -> None:
         """Run every repository's suite once on its clean checkout; keep those with status ok, tests > 0
         and at most one baseline failure -> RUN/swe/preflight.json. Reads CONFIG with key=value OVERRIDES."""
-        from propel_core.config import load_config
+        from propel_core.cli import start
         from propel_core.errors import PropelError
-        from propel_core.plugins import Registry
-        from propel_core.run import Run
 
-        registry = Registry.build()
-        run = Run(load_config([config], list(overrides), registry), registry, quiet=ctx.obj["quiet"])
+        run = start(ctx, [config], overrides)
         domain = run.domain()
         if run.config.domain.name != "swe":
             raise PropelError(f"propel swe preflight needs domain.name: swe, not {run.config.domain.name!r}")
@@ -58,10 +55,18 @@ def register_commands(cli):
         with run.progress("preflight", total=len(domain.repos)) as advance:
             for repo in domain.repos.values():
                 baseline = domain.baseline(repo, force=force)
-                rows.append({"repo": repo.name, "status": baseline.status, "tests": baseline.test_count,
-                             "failures": baseline.failures, "seconds": round(baseline.duration, 2),
-                             "kept": baseline.keep, "reasons": baseline.reasons,
-                             "tests_outcomes": baseline.tests})  # fmt: skip
+                rows.append(
+                    {
+                        "repo": repo.name,
+                        "status": baseline.status,
+                        "tests": baseline.test_count,
+                        "failures": baseline.failures,
+                        "seconds": round(baseline.duration, 2),
+                        "kept": baseline.keep,
+                        "reasons": baseline.reasons,
+                        "tests_outcomes": baseline.tests,
+                    }
+                )
                 advance(1)
         out = run.dir / "swe" / "preflight.json"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -69,14 +74,20 @@ def register_commands(cli):
         click.echo(f"{'repository':30} {'status':10} {'tests':>6} {'fail':>5} {'seconds':>8}  kept")
         for row in rows:
             kept = "yes" if row["kept"] else "no: " + "; ".join(row["reasons"])
-            click.echo(f"{row['repo'][:30]:30} {row['status']:10} {row['tests']:6d} {row['failures']:5d} "
-                       f"{row['seconds']:8.2f}  {kept}")  # fmt: skip
+            click.echo(
+                f"{row['repo'][:30]:30} {row['status']:10} {row['tests']:6d} {row['failures']:5d} "
+                f"{row['seconds']:8.2f}  {kept}"
+            )
         click.echo(f"kept {sum(r['kept'] for r in rows)} of {len(rows)}; details in {out}")
 
     @swe.command()
     @click.argument("tag")
-    @click.option("--python-env", required=True, type=click.Path(exists=True, file_okay=False),
-                  help="A virtual environment with the repositories' test dependencies.")  # fmt: skip
+    @click.option(
+        "--python-env",
+        required=True,
+        type=click.Path(exists=True, file_okay=False),
+        help="A virtual environment with the repositories' test dependencies.",
+    )
     def image(tag: str, python_env: str) -> None:
         """Build a base image for the docker sandbox from this machine's own files (bash, git, the
         interpreter, PYTHON_ENV) and docker import it as TAG: for engines that cannot pull."""

@@ -18,8 +18,18 @@ from dataclasses import dataclass
 
 from propel_swe.diffs import is_test_path
 
-FLIPPED = {ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt, ast.Eq: ast.NotEq,
-           ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}  # fmt: skip
+FLIPPED = {
+    ast.Lt: ast.GtE,
+    ast.GtE: ast.Lt,
+    ast.Gt: ast.LtE,
+    ast.LtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
 MUTATIONS = ("flip_comparison", "off_by_one", "swap_arguments", "drop_return_branch", "flip_boolean", "swap_and_or")
 
 
@@ -32,8 +42,22 @@ class Site:
 
 #: where code under test does not live, when preflight did not record what the suite imported: these
 #: folders at the top of the checkout, and files of these names anywhere
-NOT_CODE_FOLDERS = frozenset({"doc", "docs", "documentation", "example", "examples", "benchmark", "benchmarks",
-                              "bench", "scripts", "tools", "ci", ".github"})  # fmt: skip
+NOT_CODE_FOLDERS = frozenset(
+    {
+        "doc",
+        "docs",
+        "documentation",
+        "example",
+        "examples",
+        "benchmark",
+        "benchmarks",
+        "bench",
+        "scripts",
+        "tools",
+        "ci",
+        ".github",
+    }
+)
 NOT_CODE_FILES = frozenset({"setup.py", "versioneer.py", "fabfile.py"})
 
 
@@ -46,8 +70,11 @@ def source_files(paths: list[str], imported: list[str] | None = None) -> list[st
     if imported:
         wanted = set(imported)
         return [path for path in code if path in wanted]
-    return [path for path in code if path.split("/", 1)[0] not in NOT_CODE_FOLDERS
-            and path.rsplit("/", 1)[-1] not in NOT_CODE_FILES]  # fmt: skip
+    return [
+        path
+        for path in code
+        if path.split("/", 1)[0] not in NOT_CODE_FOLDERS and path.rsplit("/", 1)[-1] not in NOT_CODE_FILES
+    ]
 
 
 def sites(path: str, tree: ast.AST) -> list[Site]:
@@ -136,8 +163,11 @@ def _is_int(node: ast.AST) -> bool:
 
 
 def unified_diff(path: str, before: str, after: str) -> str:
-    return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                        f"a/{path}", f"b/{path}"))  # fmt: skip
+    return "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{path}", f"b/{path}"
+        )
+    )
 
 
 def site_order(files: dict[str, str], rng: random.Random) -> list[Site]:

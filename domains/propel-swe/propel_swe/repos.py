@@ -18,8 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from propel_core.errors import PropelError
 
-PARSERS = ("pytest",)
-
 
 class RepoSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -101,8 +99,9 @@ def load_registry(path: str | Path) -> Registry:
     if path.suffix in (".json", ".jsonl"):
         return from_swesmith(path)
     data = yaml.safe_load(path.read_text()) or {}
-    imported = [repo.model_dump() for source in data.pop("swesmith", [])
-                for repo in from_swesmith(path.parent / source).repos]  # fmt: skip
+    imported = [
+        repo.model_dump() for source in data.pop("swesmith", []) for repo in from_swesmith(path.parent / source).repos
+    ]
     data["repos"] = [*data.get("repos", []), *imported]
     for repo in data["repos"]:
         if isinstance(repo, dict) and repo.get("path") and not Path(repo["path"]).is_absolute():
@@ -123,9 +122,13 @@ def from_swesmith(path: Path) -> Registry:
     for number, row in enumerate(rows, 1):
         missing = [key for key in ("repo", "image_name", "test_cmd") if key not in row]
         if missing:
-            raise PropelError(f"{path} entry {number}: missing {', '.join(missing)} (SWE-smith needs repo, "
-                              "image_name, test_cmd)")  # fmt: skip
+            raise PropelError(
+                f"{path} entry {number}: missing {', '.join(missing)} (SWE-smith needs repo, image_name, test_cmd)"
+            )
         name = row["repo"] + (f"@{row['commit'][:8]}" if row.get("commit") else "")
-        repos.append(RepoSpec(name=name, image=row["image_name"], test_command=row["test_cmd"],
-                              workdir=row.get("workdir", "/testbed")))  # fmt: skip
+        repos.append(
+            RepoSpec(
+                name=name, image=row["image_name"], test_command=row["test_cmd"], workdir=row.get("workdir", "/testbed")
+            )
+        )
     return Registry(repos=repos)

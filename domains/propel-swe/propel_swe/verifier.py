@@ -90,8 +90,10 @@ def run_suite(ws, repo: RepoSpec, time_limit: float, select: list[str] | None = 
         return SuiteRun(status="sandbox_error", detail=f"could not prepare the run: {made.stderr.strip()[-200:]}")
     ws.write(f"{folder}/propel_report.py", PLUGIN)
     ws.write(f"{folder}/orders.json", json.dumps({"key": key, "root": repo.workdir, "select": select}).encode())
-    command = (f"export PYTHONPATH={folder}${{PYTHONPATH:+:$PYTHONPATH}} PYTEST_PLUGINS=propel_report\n"
-               f"{{ {repo.test_command}\n}} 3>&1 >{folder}/suite.log 2>&1")  # fmt: skip
+    command = (
+        f"export PYTHONPATH={folder}${{PYTHONPATH:+:$PYTHONPATH}} PYTEST_PLUGINS=propel_report\n"
+        f"{{ {repo.test_command}\n}} 3>&1 >{folder}/suite.log 2>&1"
+    )
     result = ws.run(command, time_limit=time_limit)
     if result.status not in ("ok", "error"):
         return SuiteRun(status=result.status, duration=result.duration, detail=result.detail)
@@ -135,9 +137,17 @@ def preflight(sandbox, repo: RepoSpec) -> Baseline:
         suite = run_suite(ws, repo, repo.time_budget)
     failures = sum(outcome in ("failed", "error") for outcome in suite.tests.values())
     imported = [path for path in suite.imported if path.endswith(".py") and not is_test_path(path)]
-    return Baseline(repo=repo.name, key=repo.key(), status=suite.status, tests=suite.tests,
-                    test_count=len(suite.tests), failures=failures, duration=suite.duration,
-                    imported_files=imported, detail=suite.detail)  # fmt: skip
+    return Baseline(
+        repo=repo.name,
+        key=repo.key(),
+        status=suite.status,
+        tests=suite.tests,
+        test_count=len(suite.tests),
+        failures=failures,
+        duration=suite.duration,
+        imported_files=imported,
+        detail=suite.detail,
+    )
 
 
 class Check(BaseModel):

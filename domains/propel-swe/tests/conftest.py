@@ -51,15 +51,21 @@ def local_domain(name: str, path: Path, test_env: Path, folder: Path, **options)
     """The swe domain on one repository in the local sandbox, its preflight cached in ``folder``."""
     needs_local_sandbox()
     registry = write_registry(folder, [{"name": name, "path": str(path), "time_budget": 120}])
-    return Registry.build().domain("swe", registry=str(registry), preflight_dir=str(folder / "preflight"),
-                                   sandbox_options={**SANDBOX, "python_env": str(test_env)}, **options)  # fmt: skip
+    return Registry.build().domain(
+        "swe",
+        registry=str(registry),
+        preflight_dir=str(folder / "preflight"),
+        sandbox_options={**SANDBOX, "python_env": str(test_env)},
+        **options,
+    )
 
 
 @pytest.fixture(scope="session")
 def tiny_domain(tiny_repo, test_env, tmp_path_factory):
     """The swe domain on the tiny repository, with short turn limits."""
-    return local_domain("tinystats", tiny_repo, test_env, tmp_path_factory.mktemp("tiny"), max_turns=6,
-                        solver_max_turns=6)  # fmt: skip
+    return local_domain(
+        "tinystats", tiny_repo, test_env, tmp_path_factory.mktemp("tiny"), max_turns=6, solver_max_turns=6
+    )
 
 
 @pytest.fixture(scope="session")

@@ -49,16 +49,27 @@ def engine(tmp_path_factory, test_env):
             socket = folder / "docker.sock"
             log = (folder / "dockerd.log").open("w")
             started = subprocess.Popen(
-                ["dockerd", "--iptables=false", "--bridge=none", f"--data-root={folder / 'data'}",
-                 f"--exec-root={folder / 'exec'}", f"--pidfile={folder / 'dockerd.pid'}", f"--host=unix://{socket}"],
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [
+                    "dockerd",
+                    "--iptables=false",
+                    "--bridge=none",
+                    f"--data-root={folder / 'data'}",
+                    f"--exec-root={folder / 'exec'}",
+                    f"--pidfile={folder / 'dockerd.pid'}",
+                    f"--host=unix://{socket}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
             patch.setenv("DOCKER_HOST", f"unix://{socket}")
             client = wait_until_up(started, _client, timeout=60)
             if client is None:
                 pytest.skip(f"dockerd did not start: {(folder / 'dockerd.log').read_text()[-500:]}")
-        done = subprocess.run([str(Path(sys.executable).with_name("propel")), "swe", "image", IMAGE, "--python-env",
-                               str(test_env)], capture_output=True, text=True)  # fmt: skip
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name("propel")), "swe", "image", IMAGE, "--python-env", str(test_env)],
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == 0 and f"imported {IMAGE}" in done.stdout, done.stderr
         yield client
         for container in client.containers.list(all=True, filters={"label": LABEL}):
@@ -111,9 +122,12 @@ def test_a_command_past_its_limit_times_out_and_the_workspace_goes_on(engine, ti
 def test_the_domain_in_docker(engine, tiny_repo, tmp_path):
     registry = write_registry(tmp_path, [{"name": "tinystats", "path": str(tiny_repo)}])
     domain = Registry.build().domain(
-        "swe", registry=str(registry), preflight_dir=str(tmp_path / "preflight"), sandbox="docker",
+        "swe",
+        registry=str(registry),
+        preflight_dir=str(tmp_path / "preflight"),
+        sandbox="docker",
         sandbox_options={"base_image": IMAGE, "disk_gb": None},
-    )  # fmt: skip
+    )
     baseline = domain.baseline(domain.repos["tinystats"])
     assert baseline.keep and baseline.test_count == 7
     payload = {"repo": "tinystats", "diff": BUG, "turns": ["x"]}

@@ -42,10 +42,15 @@ def edit_init(code: str) -> str:
 
 
 QUOTED = new_file("conftest.py", FAIL_CLAMP, new='"b/conftest.py"', git='"a/conftest.py" "b/conftest.py"')
-TIMESTAMP_TAB = new_file("conftest.py", FAIL_CLAMP, old="/dev/null\t2020-01-01 00:00:00",
-                         new="b/conftest.py\t2020-01-01 00:00:00.000000000 +0000")  # fmt: skip
-TIMESTAMP_SPACES = new_file("conftest.py", FAIL_CLAMP, old="/dev/null  2020-01-01 00:00:00",
-                            new="b/conftest.py  2020-01-01 00:00:00")  # fmt: skip
+TIMESTAMP_TAB = new_file(
+    "conftest.py",
+    FAIL_CLAMP,
+    old="/dev/null\t2020-01-01 00:00:00",
+    new="b/conftest.py\t2020-01-01 00:00:00.000000000 +0000",
+)
+TIMESTAMP_SPACES = new_file(
+    "conftest.py", FAIL_CLAMP, old="/dev/null  2020-01-01 00:00:00", new="b/conftest.py  2020-01-01 00:00:00"
+)
 RENAME = (
     "diff --git a/tinystats/__init__.py b/tinystats/sitecustomize.py\nsimilarity index 100%\n"
     "rename from tinystats/__init__.py\nrename to tinystats/sitecustomize.py\n"

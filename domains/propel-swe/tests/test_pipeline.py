@@ -17,17 +17,33 @@ def swe_config(tiny_repo, test_env, tmp_path_factory):
     registry = write_registry(folder, [{"name": "tinystats", "path": str(tiny_repo), "time_budget": 60}])
     config = {
         "run_dir": str(folder / "run"),
-        "domain": {"name": "swe", "options": {
-            "registry": str(registry), "preflight_dir": str(folder / "preflight"), "generator": "procedural",
-            "solver_max_turns": 1, "solver_budget": 120,
-            "sandbox_options": {"time_limit": 60, "memory_mb": 2048, "max_processes": 64, "python_env": str(test_env)},
-        }},
+        "domain": {
+            "name": "swe",
+            "options": {
+                "registry": str(registry),
+                "preflight_dir": str(folder / "preflight"),
+                "generator": "procedural",
+                "solver_max_turns": 1,
+                "solver_budget": 120,
+                "sandbox_options": {
+                    "time_limit": 60,
+                    "memory_mb": 2048,
+                    "max_processes": 64,
+                    "python_env": str(test_env),
+                },
+            },
+        },
         "generate": {"num_tasks": 2},
         "label": {"k": 3, "band_low": 1 / 3, "band_high": 2 / 3, "min_valid_attempts": 2},
         "solver": {"sampling": {"temperature": 0.7, "top_p": 0.95, "top_k": 20, "max_new_tokens": 16}},
-        "probe": {"layers": [4, 8], "poolings": ["mean_last_half", "max"], "turn_vector": "last_token",
-                  "split": "grouped_kfold", "balance": ["weighted"]},
-    }  # fmt: skip
+        "probe": {
+            "layers": [4, 8],
+            "poolings": ["mean_last_half", "max"],
+            "turn_vector": "last_token",
+            "split": "grouped_kfold",
+            "balance": ["weighted"],
+        },
+    }
     path = folder / "swe.yaml"
     path.write_text(yaml.safe_dump(config))
     return path, folder / "run"

@@ -57,8 +57,19 @@ def test_mutants_are_distinct_and_the_same_whatever_is_asked_first():
 
 
 def test_only_code_under_test_is_mutated():
-    listed = ["pkg/a.py", "pkg/b.py", "tests/test_a.py", "conftest.py", "setup.py", "README.md", "docs/conf.py",
-              "examples/demo.py", "versioneer.py", "pkg/_version.py", "six.py"]  # fmt: skip
+    listed = [
+        "pkg/a.py",
+        "pkg/b.py",
+        "tests/test_a.py",
+        "conftest.py",
+        "setup.py",
+        "README.md",
+        "docs/conf.py",
+        "examples/demo.py",
+        "versioneer.py",
+        "pkg/_version.py",
+        "six.py",
+    ]
     assert source_files(listed) == ["pkg/a.py", "pkg/b.py", "pkg/_version.py", "six.py"]
     imported = ["pkg/a.py", "tests/test_a.py", "docs/conf.py", "elsewhere.py"]  # what preflight saw imported
     assert source_files(listed, imported) == ["pkg/a.py", "docs/conf.py"]

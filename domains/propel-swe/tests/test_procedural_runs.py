@@ -85,8 +85,12 @@ def test_generate_loads_no_generator_model_and_any_executor_gives_the_same_bugs(
 ):
     needs_local_sandbox()
     registry = write_registry(tmp_path, [{"name": "tinystats", "path": str(tiny_repo), "time_budget": 60}])
-    options = {"registry": str(registry), "preflight_dir": str(tmp_path / "preflight"), "generator": "procedural",
-               "sandbox_options": {**SANDBOX, "python_env": str(test_env)}}  # fmt: skip
+    options = {
+        "registry": str(registry),
+        "preflight_dir": str(tmp_path / "preflight"),
+        "generator": "procedural",
+        "sandbox_options": {**SANDBOX, "python_env": str(test_env)},
+    }
 
     def built(*args, **kwargs):
         raise AssertionError("a model backend was built")
@@ -94,11 +98,16 @@ def test_generate_loads_no_generator_model_and_any_executor_gives_the_same_bugs(
     monkeypatch.setattr(Registry, "backend", built)
 
     def run(name: str, workers: int) -> Run:
-        config = validate_config({
-            "run_dir": str(tmp_path / name), "seed": 3, "domain": {"name": "swe", "options": options},
-            "generate": {"num_tasks": 6}, "executor": {"name": "local", "workers": workers},
-            "generator": {"model": str(tmp_path / "no-such-model")},
-        })  # fmt: skip
+        config = validate_config(
+            {
+                "run_dir": str(tmp_path / name),
+                "seed": 3,
+                "domain": {"name": "swe", "options": options},
+                "generate": {"num_tasks": 6},
+                "executor": {"name": "local", "workers": workers},
+                "generator": {"model": str(tmp_path / "no-such-model")},
+            }
+        )
         return Run(config, Registry.build(), quiet=True)
 
     tasks = {}
@@ -130,8 +139,12 @@ def test_a_bug_that_hangs_the_suite_ends_well_under_the_time_budget(tiny_repo, t
     until it does, this takes the whole 120 s and fails."""
     needs_local_sandbox()
     registry = write_registry(tmp_path, [{"name": "tinystats", "path": str(tiny_repo), "time_budget": 120}])
-    domain = Registry.build().domain("swe", registry=str(registry), preflight_dir=str(tmp_path / "preflight"),
-                                     sandbox_options={**SANDBOX, "python_env": str(test_env)})  # fmt: skip
+    domain = Registry.build().domain(
+        "swe",
+        registry=str(registry),
+        preflight_dir=str(tmp_path / "preflight"),
+        sandbox_options={**SANDBOX, "python_env": str(test_env)},
+    )
     assert domain.baseline(domain.repos["tinystats"]).duration < 10
     started = time.monotonic()
     validity = domain.verify({"repo": "tinystats", "diff": HANG, "turns": ["x"]})

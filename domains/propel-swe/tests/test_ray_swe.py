@@ -16,23 +16,38 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def swe_run(tiny_repo, test_env, loopback_server, tmp_path_factory):
+def swe_run(tiny_repo, test_env, propel_loopback_server, tmp_path_factory):
     """``swe_run(executor)``: a run on the tiny repository with that executor, the solver served."""
     from conftest import SANDBOX, needs_local_sandbox
 
     needs_local_sandbox()
     folder = tmp_path_factory.mktemp("swe-ray")
     registry = write_registry(folder, [{"name": "tinystats", "path": str(tiny_repo), "time_budget": 60}])
-    options = {"registry": str(registry), "preflight_dir": str(folder / "preflight"), "generator": "procedural",
-               "solver_max_turns": 1, "solver_budget": 120, "sandbox_options": {**SANDBOX, "python_env": str(test_env)}}  # fmt: skip
+    options = {
+        "registry": str(registry),
+        "preflight_dir": str(folder / "preflight"),
+        "generator": "procedural",
+        "solver_max_turns": 1,
+        "solver_budget": 120,
+        "sandbox_options": {**SANDBOX, "python_env": str(test_env)},
+    }
 
     def make(executor: dict, name: str) -> Run:
-        config = validate_config({
-            "run_dir": str(folder / name), "seed": 1, "domain": {"name": "swe", "options": options},
-            "label": {"k": 2}, "executor": executor,
-            "solver": {"backend": "openai", "model": "smol", "base_url": loopback_server.url,
-                       "sampling": {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 16}},
-        })  # fmt: skip
+        config = validate_config(
+            {
+                "run_dir": str(folder / name),
+                "seed": 1,
+                "domain": {"name": "swe", "options": options},
+                "label": {"k": 2},
+                "executor": executor,
+                "solver": {
+                    "backend": "openai",
+                    "model": "smol",
+                    "base_url": propel_loopback_server.url,
+                    "sampling": {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 16},
+                },
+            }
+        )
         return Run(config, Registry.build(), quiet=True)
 
     return make
@@ -41,19 +56,28 @@ def swe_run(tiny_repo, test_env, loopback_server, tmp_path_factory):
 def outcome(labels):
     """What a label says, less what the wall clock and the sandbox's process addresses put in a
     trajectory: each attempt's verdict, reason and the model's turns."""
-    return [(label.task_id, label.solve_rate, [(attempt.solved, attempt.reason,
-             [turn["assistant"] for turn in json.loads(attempt.text)["turns"]]) for attempt in label.attempts])
-            for label in labels]  # fmt: skip
+    return [
+        (
+            label.task_id,
+            label.solve_rate,
+            [
+                (attempt.solved, attempt.reason, [turn["assistant"] for turn in json.loads(attempt.text)["turns"]])
+                for attempt in label.attempts
+            ],
+        )
+        for label in labels
+    ]
 
 
-def test_ray_labels_of_swe_bugs_equal_local_labels(ray_cluster, swe_run):
+def test_ray_labels_of_swe_bugs_equal_local_labels(propel_ray_cluster, swe_run):
     local = swe_run({"name": "local", "workers": 4}, "local")
     contexts = local.domain().contexts() * 3
-    tasks = [task for task in sample_tasks(local, local.config.generator, contexts, local.dir / "tasks.jsonl")
-             if task.validity.valid][:2]  # fmt: skip
+    written = sample_tasks(local, local.config.generator, contexts, local.dir / "tasks.jsonl", local.config.seed)
+    tasks = [task for task in written if task.validity.valid][:2]
     assert len(tasks) == 2, "the procedural generator planted fewer than two valid bugs"
-    expected = sorted(label_tasks(local, tasks, local.dir / "labels.jsonl"), key=lambda label: label.task_id)
+    settings = local.config.solver, local.config.label, local.config.seed
+    expected = sorted(label_tasks(local, tasks, local.dir / "labels.jsonl", *settings), key=lambda label: label.task_id)
     ray = swe_run({"name": "ray", "workers": 4, "options": {"resources": {"sandbox": 1}}}, "ray")
-    labels = sorted(label_tasks(ray, tasks, ray.dir / "labels.jsonl"), key=lambda label: label.task_id)
+    labels = sorted(label_tasks(ray, tasks, ray.dir / "labels.jsonl", *settings), key=lambda label: label.task_id)
     assert outcome(labels) == outcome(expected)
     assert all(attempt.solved is not None for label in labels for attempt in label.attempts)  # all graded

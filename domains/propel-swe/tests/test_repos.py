@@ -16,10 +16,13 @@ def write(path, data):
 
 def test_registry_with_splits_and_relative_paths(tmp_path):
     (tmp_path / "r1").mkdir()
-    path = write(tmp_path / "repos.yaml", {
-        "repos": [{"name": "r1", "path": "r1"}, {"name": "r2", "image": "img:2"}, {"name": "r3", "image": "img:3"}],
-        "splits": {"probe_train": ["r1"], "rl_train": ["r2"], "eval": ["r3"]},
-    })  # fmt: skip
+    path = write(
+        tmp_path / "repos.yaml",
+        {
+            "repos": [{"name": "r1", "path": "r1"}, {"name": "r2", "image": "img:2"}, {"name": "r3", "image": "img:3"}],
+            "splits": {"probe_train": ["r1"], "rl_train": ["r2"], "eval": ["r3"]},
+        },
+    )
     registry = load_registry(path)
     assert registry.repos[0].path == (tmp_path / "r1").resolve()
     assert [repo.name for repo in registry.select("rl_train")] == ["r2"]
@@ -44,13 +47,23 @@ def test_bad_registries(tmp_path, data, message):
 
 
 def test_swesmith_import(tmp_path):
-    rows = [{"repo": "owner/lib", "commit": "0123456789abcdef", "image_name": "swesmith/owner__lib.01234567",
-             "test_cmd": "pytest --disable-warnings"}]  # fmt: skip
+    rows = [
+        {
+            "repo": "owner/lib",
+            "commit": "0123456789abcdef",
+            "image_name": "swesmith/owner__lib.01234567",
+            "test_cmd": "pytest --disable-warnings",
+        }
+    ]
     (tmp_path / "swesmith.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     direct = load_registry(tmp_path / "swesmith.jsonl")
     assert direct.repos[0].name == "owner/lib@01234567" and direct.repos[0].image == "swesmith/owner__lib.01234567"
-    mixed = load_registry(write(tmp_path / "repos.yaml", {"swesmith": ["swesmith.jsonl"], "repos": [],
-                                                          "splits": {"eval": ["owner/lib@01234567"]}}))  # fmt: skip
+    mixed = load_registry(
+        write(
+            tmp_path / "repos.yaml",
+            {"swesmith": ["swesmith.jsonl"], "repos": [], "splits": {"eval": ["owner/lib@01234567"]}},
+        )
+    )
     assert [r.test_command for r in mixed.select("eval")] == ["pytest --disable-warnings"]
     (tmp_path / "bad.json").write_text(json.dumps([{"repo": "x"}]))
     with pytest.raises(PropelError, match="missing image_name, test_cmd"):

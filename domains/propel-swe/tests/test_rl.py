@@ -15,7 +15,8 @@ from propel_core.plugins import Registry
 from propel_core.probes import TrainedProbe, save_bundle
 from propel_core.records import ProbeBundle
 from propel_core.run import Run
-from propel_core.stages.train import EpisodeRollouts, load_policy, train
+from propel_core.stages.train import train
+from propel_core.training import EpisodeRollouts, load_policy
 
 pytestmark = pytest.mark.slow
 
@@ -28,21 +29,51 @@ def swe_run(tiny_repo, test_env, tmp_path_factory):
     registry = Registry.build()
     head = registry.get("probe_architectures", "linear")(576)
     torch.manual_seed(0)
-    save_bundle(folder / "probe", TrainedProbe(head, torch.zeros(576), torch.ones(576), epochs=0),
-                ProbeBundle(reference_model=EMBEDDED_MODEL_ID, layer=8, pooling="mean_last_half",
-                            architecture="linear", input_dim=576, max_length=512, training_rows=0))  # fmt: skip
+    save_bundle(
+        folder / "probe",
+        TrainedProbe(head, torch.zeros(576), torch.ones(576), epochs=0),
+        ProbeBundle(
+            reference_model=EMBEDDED_MODEL_ID,
+            layer=8,
+            pooling="mean_last_half",
+            architecture="linear",
+            input_dim=576,
+            max_length=512,
+            training_rows=0,
+        ),
+    )
     repos = write_registry(folder, [{"name": "tinystats", "path": str(tiny_repo), "time_budget": 60}])
     data = {
         "run_dir": str(folder / "run"),
-        "domain": {"name": "swe", "options": {
-            "registry": str(repos), "preflight_dir": str(folder / "preflight"), "max_turns": 2,
-            "sandbox_options": {"time_limit": 30, "memory_mb": 2048, "max_processes": 64, "python_env": str(test_env)},
-        }},
+        "domain": {
+            "name": "swe",
+            "options": {
+                "registry": str(repos),
+                "preflight_dir": str(folder / "preflight"),
+                "max_turns": 2,
+                "sandbox_options": {
+                    "time_limit": 30,
+                    "memory_mb": 2048,
+                    "max_processes": 64,
+                    "python_env": str(test_env),
+                },
+            },
+        },
         "reward": {"rule": "probe_only", "main_probe": str(folder / "probe")},
-        "train": {"steps": 1, "group_size": 2, "per_device_batch": 2, "gradient_accumulation": 1,
-                  "max_completion_length": 96, "max_turn_tokens": 24, "loss_type": "dapo", "overlong_buffer": 16,
-                  "checkpoint_every": 100, "lr": 1e-3, "gradient_checkpointing": False},
-    }  # fmt: skip
+        "train": {
+            "steps": 1,
+            "group_size": 2,
+            "per_device_batch": 2,
+            "gradient_accumulation": 1,
+            "max_completion_length": 96,
+            "max_turn_tokens": 24,
+            "loss_type": "dapo",
+            "overlong_buffer": 16,
+            "checkpoint_every": 100,
+            "lr": 1e-3,
+            "gradient_checkpointing": False,
+        },
+    }
     return Run(validate_config(data, registry), registry, quiet=True)
 
 

@@ -113,9 +113,12 @@ def test_scripted_bug_writer_end_to_end(tiny_domain):
     reply = scripted(
         "Let me look around first.",
         fenced("bash", "grep -n 'value > high' tinystats/core.py"),
-        fenced("bash", "sed -i 's/value > high/value > low/' tinystats/core.py && python -m pytest -q -p no:cacheprovider 2>&1 | tail -1"),
+        fenced(
+            "bash",
+            "sed -i 's/value > high/value > low/' tinystats/core.py && python -m pytest -q -p no:cacheprovider 2>&1 | tail -1",
+        ),
         fenced("submit"),
-    )  # fmt: skip
+    )
     generation = tiny_domain.episode(context, reply, seed=0)
     trajectory = json.loads(generation)
     assert trajectory["stop_reason"] == "stop"

@@ -1,0 +1,135 @@
+"""The contracts of the component kinds that are plain objects or callables.
+
+``Domain`` (:mod:`propel_core.domain`) and ``ModelBackend`` (:mod:`propel_core.backend`) have their own
+modules; every other kind a plugin contributes is typed here. The registry's accessors
+(``Registry.context_sampler``, ``reward_rule``, ``sandbox``, ``executor``) build a component and check
+it against its contract, so a plugin that returns the wrong thing fails with one line naming the
+plugin and what is missing, not deep inside a stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from propel_core.records import Context, Task, Validity
+
+if TYPE_CHECKING:
+    import torch
+
+    from propel_core.domain import Domain
+    from propel_core.execution import Job, Worker
+
+#: the probe scores the core computes for a reward rule: the main probe's ``logit`` and ``probability``,
+#: every probe's logit (``ensemble_logits``) and the second probe's (``auxiliary_logit``, co-evolution)
+PROBE_SCORES = frozenset({"logit", "probability", "ensemble_logits", "auxiliary_logit"})
+
+#: the other scores a rule may ask for in ``needs``: the real utility from K live solver attempts, the
+#: number of workflow markers the generation reached, the domain's own score of a valid task
+OTHER_SCORES = frozenset({"solver_utility", "markers", "verifier_score"})
+
+#: ``register_validity_predicates``: ``predicate(task, domain) -> Validity``; never raises on bad input
+ValidityPredicate = Callable[[Task, "Domain"], Validity]
+
+#: ``register_poolers``: ``pooler(hidden[B, T, D], mask[B, T]) -> Tensor[B, D']``; padding never reaches it
+Pooler = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+
+#: ``register_probe_architectures``: ``factory(input_dim) -> torch.nn.Module`` mapping [B, input_dim] to logits [B]
+ProbeArchitecture = Callable[[int], "torch.nn.Module"]
+
+
+@runtime_checkable
+class ContextSampler(Protocol):
+    """Which contexts the generator sees next (``register_context_samplers``)."""
+
+    def sample(self, n: int) -> list[Context]:
+        """``n`` contexts, drawn from the sampler's seeded generator."""
+
+    def update(self, contexts: list[Context], rewards: list[float]) -> None:
+        """The rewards those contexts just earned (a no-op for samplers that ignore feedback)."""
+
+
+@runtime_checkable
+class RewardRule(Protocol):
+    """How validity and scores combine into the RL reward (``register_reward_rules``)."""
+
+    #: the score names the rule reads (a subset of PROBE_SCORES | OTHER_SCORES); the scorer computes
+    #: only those. A rule registered without it reads the probe's scores.
+    needs: frozenset[str]
+
+    def __call__(self, task: Task, scores: Mapping[str, Any]) -> float:
+        """One finite reward; a missing or non-finite score raises ``RewardError``."""
+
+
+class ReadsProbe:
+    """A rule registered without ``needs``: it reads the probe scores."""
+
+    needs = PROBE_SCORES
+
+    def __init__(self, rule: Callable[[Task, Mapping[str, Any]], float]):
+        self.rule = rule
+
+    def __call__(self, task: Task, scores: Mapping[str, Any]) -> float:
+        return self.rule(task, scores)
+
+
+def reads_probe(rule: RewardRule) -> bool:
+    """Whether the rule reads any probe score (and so needs a probe bundle)."""
+    return bool(rule.needs & PROBE_SCORES)
+
+
+class Outcome(Protocol):
+    """What a sandboxed run returns."""
+
+    #: ok, error, timeout, oom, output_limit, disk_limit, crashed, no_result or sandbox_error
+    status: str
+    #: the JSON the program wrote to ``result.json``, parsed as data (None when it wrote none)
+    result: Any
+    stdout: str
+    stderr: str
+
+
+@runtime_checkable
+class Workspace(Protocol):
+    """A private copy of a checkout; everything in it is removed on ``close``."""
+
+    def run(self, command: str, time_limit: float | None = None) -> Outcome: ...
+
+    def read(self, path: str) -> bytes: ...
+
+    def write(self, path: str, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """Runs untrusted code (everything a model writes) under time, memory, process and output limits
+    (``register_sandboxes``); what the code-executing domains (azr) use."""
+
+    def run_python(
+        self, files: dict[str, str], main: str, hash_seed: int = 0, time_limit: float | None = None
+    ) -> Outcome:
+        """Write ``files`` into a fresh workdir and run ``main`` there with Python."""
+
+
+@runtime_checkable
+class RepositorySandbox(Protocol):
+    """A sandbox that gives whole checkouts to run commands in (``register_sandboxes``); what the SWE
+    domain uses. The local sandbox is both kinds; the docker sandbox is this one."""
+
+    def workspace(self, path: Path | None = None, image: str | None = None, workdir: str = "/testbed") -> Workspace:
+        """A fresh copy of the checkout at ``path`` (or of an image), seen at ``workdir``."""
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Where solver attempts and generator episodes run (``register_executors``)."""
+
+    #: jobs started and not yet finished, for progress displays
+    in_flight: int
+
+    def run(self, worker: Worker, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
+        """Run every job with ``worker`` and yield ``(job, result)`` as each one finishes, in any order.
+        Leaving the iterator early (an error, Ctrl-C) stops the jobs still running or queued."""
