@@ -31,48 +31,8 @@ from propel_math.pools import BUILTIN_POOLS, builtin_pool
 
 #: tokens of 40 math tasks (``Problem: ...``) the embedded model wrote at the default generator settings
 #: (the math domain's prompt, parse and render; all 40 parsed), recorded as ``--generate`` writes them
-LENGTHS = [
-    94,
-    152,
-    84,
-    71,
-    67,
-    73,
-    491,
-    27,
-    148,
-    47,
-    22,
-    62,
-    155,
-    196,
-    76,
-    77,
-    46,
-    34,
-    513,
-    46,
-    30,
-    61,
-    24,
-    127,
-    18,
-    19,
-    33,
-    42,
-    46,
-    54,
-    72,
-    107,
-    115,
-    125,
-    135,
-    141,
-    145,
-    190,
-    219,
-    233,
-]
+LENGTHS = [94, 152, 84, 71, 67, 73, 491, 27, 148, 47, 22, 62, 155, 196, 76, 77, 46, 34, 513, 46,
+           30, 61, 24, 127, 18, 19, 33, 42, 46, 54, 72, 107, 115, 125, 135, 141, 145, 190, 219, 233]  # fmt: skip
 
 
 def generated_texts(registry, backend, count: int) -> list[str]:

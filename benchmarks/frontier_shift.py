@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("generate", "label", "extract", "probe"):
         timings.run(("corpus", name), lambda name=name: STAGES[name](run))
     members = root / "ensemble"
-    ensemble_seeds = range(run.config.seed + 1, run.config.seed + run.config.coevolve.ensemble_size)
-    work = lambda: ensemble_probes(run.registry, run.dir, run.config.probe, ensemble_seeds, members)  # noqa: E731
+    size = run.config.coevolve.ensemble_size
+    work = lambda: ensemble_probes(run.registry, run.dir, run.config.probe, run.config.seed, size, members)  # noqa: E731
     timings.run(("corpus", "ensemble"), work)
     extra = sorted(members.glob("seed-*"))
 

@@ -35,12 +35,20 @@ from propel_core.config import validate_config
 from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.execution import sample_tasks, solver_labels
 from propel_core.plugins import Registry
-from propel_core.probes import TrainedProbe, load_probe, save_bundle
+from propel_core.probes import TrainedProbe, save_bundle
 from propel_core.records import ProbeBundle
-from propel_core.reward import RewardScorer
+from propel_core.reward import reward_scorer
 from propel_core.run import Run
 
 K, LAYER = 8, 15
+
+
+def scorer(run: Run, probe: Path):
+    """The reward function the train stage gives GRPO under the run's config (the probe bundle read
+    only by a rule that needs it)."""
+    config = run.config
+    solve = solver_labels(run, config.solver, config.label, config.seed)
+    return reward_scorer(run, config.reward, config.train, probe, solve)
 
 
 def main() -> None:
@@ -103,8 +111,7 @@ def main() -> None:
                 "nothing: rerun with more --tasks"
             )
 
-        scorers = {"probe": scorer(runs["probe"], [load_probe(folder / "probe", registry)])}
-        scorers |= {name: scorer(run, []) for name, run in runs.items() if name != "probe"}
+        scorers = {name: scorer(run, folder / "probe") for name, run in runs.items()}
         rewards: dict[str, list[float]] = {}
 
         def arm(name: str):
@@ -153,17 +160,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def scorer(run: Run, probes: list) -> RewardScorer:
-    """The reward function the train stage would give GRPO under the run's config."""
-    config = run.config
-    return RewardScorer(
-        run.domain(),
-        run.registry.reward_rule(config.reward.rule, config.reward),
-        probes,
-        overflow_reward=config.reward.overflow_reward,
-        max_completion_length=config.train.max_completion_length,
-        group_size=config.train.group_size,
-        solve=solver_labels(run, config.solver, config.label, config.seed),
-    )

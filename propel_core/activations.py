@@ -10,16 +10,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from propel_core.errors import PropelError
 from propel_core.records import Label, iter_jsonl
+
+if TYPE_CHECKING:
+    from propel_core.backend import ModelBackend
+    from propel_core.contracts import Pooler
 
 
 def activation_file(folder: Path, layer: int, pooling: str) -> Path:
     return folder / f"layer{layer:03d}_{pooling}.safetensors"
 
 
-def pooled_activations(backend, texts, layers, poolers, turn_vector, max_length, batch_size, advance=None):
+def pooled_activations(
+    backend: ModelBackend,
+    texts: list[str | list[str]],
+    layers: list[int],
+    poolers: dict[str, Pooler],
+    turn_vector: Pooler,
+    max_length: int,
+    batch_size: int,
+    advance=None,
+):
     """``{(layer, pooling): Tensor[len(texts), dim]}`` for every layer and named pooler.
 
     A text is a string, pooled over its tokens, or a trajectory (a list of turns): each turn is

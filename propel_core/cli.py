@@ -95,15 +95,59 @@ def _run_demo_stages(run, names) -> None:
         report(run)
 
 
+def split_arguments(arguments: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """CONFIG files and key=value OVERRIDES, in the order given; at least one file, each one there."""
+    configs = [argument for argument in arguments if "=" not in argument]
+    overrides = [argument for argument in arguments if "=" in argument]
+    if not configs:
+        raise PropelError("name a config file (CONFIG [CONFIG ...] [key=value ...])")
+    for config in configs:
+        if not Path(config).is_file():
+            raise PropelError(f"config file {config} does not exist")
+    return configs, overrides
+
+
+ARGUMENTS_HELP = "Reads the CONFIG files, merged in order (later ones win), then the key=value OVERRIDES."
+
+
 @cli.command(context_settings={"ignore_unknown_options": True})
-@click.argument("config", type=click.Path(exists=True, dir_okay=False))
-@click.argument("overrides", nargs=-1)
+@click.argument("arguments", nargs=-1, metavar="CONFIG... [KEY=VALUE]...")
 @click.pass_context
-def run(ctx: click.Context, config: str, overrides: tuple[str, ...]) -> None:
-    """Run every stage in order on CONFIG, with key=value OVERRIDES."""
+def run(ctx: click.Context, arguments: tuple[str, ...]) -> None:
+    """Run every stage in order.
+
+    Reads the CONFIG files, merged in order (later ones win), then the key=value OVERRIDES."""
     from propel_core.stages import STAGES
 
-    _run_stages(start(ctx, (config,), overrides), STAGES)
+    _run_stages(start(ctx, *split_arguments(arguments)), STAGES)
+
+
+@cli.command("config", context_settings={"ignore_unknown_options": True})
+@click.argument("arguments", nargs=-1, metavar="CONFIG... [KEY=VALUE]...")
+def print_config(arguments: tuple[str, ...]) -> None:
+    """Print the resolved, validated config and run nothing.
+
+    Reads the CONFIG files, merged in order (later ones win), then the key=value OVERRIDES."""
+    from propel_core.config import dump_config, load_config
+    from propel_core.plugins import Registry
+
+    configs, overrides = split_arguments(arguments)
+    click.echo(dump_config(load_config(configs, overrides, Registry.build(PLUGIN_MANAGER))), nl=False)
+
+
+@cli.command("export")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--to", "to", required=True, type=click.Path(), help="The folder the dataset is saved to.")
+def export_command(run_dir: str, to: str) -> None:
+    """Write RUN_DIR's tasks and labels as a Hugging Face dataset (datasets.load_from_disk reads it).
+
+    One split per task file: corpus (tasks.jsonl) and eval_ARM (eval/ARM/tasks.jsonl), a row per task
+    with its label joined in."""
+    from propel_core.export import export
+
+    for split, count in export(Path(run_dir), Path(to)).items():
+        click.echo(f"{split}: {count} rows")
+    click.echo(f"saved to {to}")
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -128,13 +172,12 @@ def demo(ctx: click.Context, run_dir: str, overrides: tuple[str, ...]) -> None:
 
 
 def _stage_command(name: str, stage) -> click.Command:
-    @click.argument("config", type=click.Path(exists=True, dir_okay=False))
-    @click.argument("overrides", nargs=-1)
+    @click.argument("arguments", nargs=-1, metavar="CONFIG... [KEY=VALUE]...")
     @click.pass_context
-    def command(ctx: click.Context, config: str, overrides: tuple[str, ...]) -> None:
-        _run_stages(start(ctx, (config,), overrides), [name])
+    def command(ctx: click.Context, arguments: tuple[str, ...]) -> None:
+        _run_stages(start(ctx, *split_arguments(arguments)), [name])
 
-    command.__doc__ = f"{(stage.__doc__ or '').strip()}\n\nReads CONFIG with key=value OVERRIDES."
+    command.__doc__ = f"{(stage.__doc__ or '').strip()}\n\n{ARGUMENTS_HELP}"
     return click.command(name, context_settings={"ignore_unknown_options": True})(command)
 
 

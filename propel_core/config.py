@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from propel_core.errors import PropelError
 from propel_core.plugins import KINDS, Registry, unknown_message
@@ -227,7 +227,7 @@ class TrainConfig(Section):
         "colocate", description="TRL's vLLM generation: in the training process, or a `trl vllm-serve` server"
     )
     vllm_server_base_url: str | None = None
-    report_to: str = "none"
+    resume: bool = Field(True, description="go on from the last checkpoint in the folder; false: start over")
     replay: ReplayConfig = ReplayConfig()
 
 
@@ -298,6 +298,12 @@ class PropelConfig(Section):
 
     run_dir: Path = Path("runs/default")
     seed: int = 0
+    report_to: list[Literal["none", "tensorboard", "wandb", "trackio"]] = Field(
+        default_factory=lambda: ["none"], description="experiment trackers every stage logs to (one name or a list)"
+    )
+    allow_changed_settings: bool = Field(
+        False, description="let a command add to a file made with other settings (settings.json) instead of refusing"
+    )
     generator: ModelConfig = _role(temperature=1.0, top_p=0.95)
     reference: ModelConfig = Field(
         default_factory=ModelConfig, description="null model = the generator's base model (frozen copy)"
@@ -315,6 +321,11 @@ class PropelConfig(Section):
     rank: RankConfig = RankConfig()
     solve_train: SolveTrainConfig = SolveTrainConfig()
     self_train: SelfTrainConfig = SelfTrainConfig()
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_tracker_or_a_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _reference_defaults_to_generator(self) -> PropelConfig:

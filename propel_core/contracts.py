@@ -25,10 +25,6 @@ if TYPE_CHECKING:
 #: every probe's logit (``ensemble_logits``) and the second probe's (``auxiliary_logit``, co-evolution)
 PROBE_SCORES = frozenset({"logit", "probability", "ensemble_logits", "auxiliary_logit"})
 
-#: the other scores a rule may ask for in ``needs``: the real utility from K live solver attempts, the
-#: number of workflow markers the generation reached, the domain's own score of a valid task
-OTHER_SCORES = frozenset({"solver_utility", "markers", "verifier_score"})
-
 #: ``register_validity_predicates``: ``predicate(task, domain) -> Validity``; never raises on bad input
 ValidityPredicate = Callable[[Task, "Domain"], Validity]
 
@@ -54,8 +50,10 @@ class ContextSampler(Protocol):
 class RewardRule(Protocol):
     """How validity and scores combine into the RL reward (``register_reward_rules``)."""
 
-    #: the score names the rule reads (a subset of PROBE_SCORES | OTHER_SCORES); the scorer computes
-    #: only those. A rule registered without it reads the probe's scores.
+    #: the score names the rule reads, from PROBE_SCORES and ``solver_utility`` (the real utility of
+    #: K live solver attempts), ``markers`` (workflow markers reached) and ``verifier_score`` (the
+    #: domain's own score of a valid task); the scorer computes only those. A rule registered
+    #: without it reads the probe's scores.
     needs: frozenset[str]
 
     def __call__(self, task: Task, scores: Mapping[str, Any]) -> float:

@@ -12,6 +12,7 @@ from propel_core.errors import Unavailable
 from propel_core.records import Context, SolverAttempt, Task, Validity
 
 if TYPE_CHECKING:
+    from propel_core.contracts import ValidityPredicate
     from propel_core.plugins import Registry
 
 log = logging.getLogger("propel")
@@ -121,7 +122,7 @@ def make_task(
     context: Context,
     generation: str,
     generator: str,
-    predicates: dict[str, Callable[[Task, Domain], Validity]],
+    predicates: dict[str, ValidityPredicate],
 ) -> Task:
     """Parse, render and check one generation. Never raises on what the model wrote: a parser,
     renderer or predicate that fails unexpectedly rejects the task with the error as its reason."""

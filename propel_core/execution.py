@@ -7,9 +7,9 @@ context (parsed and checked into a Task). Every stage that needs either (``label
 (``executor.name``: ``local`` threads on this machine, ``ray`` tasks on a cluster) decides where the
 jobs run. The calling process (the driver) is the only one that writes run files.
 
-Each job carries its own seed, drawn from (run seed, task id, attempt index), never from its place in
-a batch, so what a run writes does not depend on the executor, the number of workers, the order in
-which jobs finish or where a resumed run starts again.
+Each job carries its own seed, drawn from (the seed its caller passes: the run's, or an evaluation's;
+task id; attempt index), never from its place in a batch, so what a run writes does not depend on the
+executor, the number of workers, the order in which jobs finish or where a resumed run starts again.
 """
 
 from __future__ import annotations

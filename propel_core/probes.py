@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from propel_core.activations import pooled_activations
+from propel_core.activations import labeled_rows, pooled_activations
 from propel_core.config import ModelConfig, ProbeConfig
+from propel_core.contracts import ProbeArchitecture
 from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.errors import PropelError
 from propel_core.records import ProbeBundle
@@ -36,7 +37,9 @@ class TrainedProbe:
             return self.head((x - self.mean) / self.std)
 
 
-def train_probe(factory, x, y, train, val, config: ProbeConfig, weighted: bool, seed: int) -> TrainedProbe:
+def train_probe(
+    factory: ProbeArchitecture, x, y, train, val, config: ProbeConfig, weighted: bool, seed: int
+) -> TrainedProbe:
     """AdamW, batches of ``config.batch_size``, up to ``config.epochs`` epochs, early stopping after
     ``config.patience`` epochs without a better validation balanced accuracy (ties: lower loss).
 
@@ -116,7 +119,7 @@ STACK_BYTES = 1 << 30
 class ProbeJob:
     """One head to train: what :func:`train_probe` takes but the labels, which all jobs share."""
 
-    factory: Callable[[int], Any]
+    factory: ProbeArchitecture
     x: Any  # Tensor[rows, dim]: the feature matrix (one layer x pooling); jobs may share it or not
     train: Any  # Tensor[n]: row indices
     val: Any
@@ -568,16 +571,14 @@ def fit_at_cell(registry, folder: Path, bundle: ProbeBundle, x, y, config: Probe
     return folder
 
 
-def ensemble_probes(registry, run_dir: Path, config: ProbeConfig, seeds: Sequence[int], folder: Path) -> list[Path]:
-    """Probes at the selected probe's cell, one per seed, trained on the labeled corpus -> ``folder/seed-S``
-    (the ``wco`` rule's ensemble members, beside the selected probe)."""
-    from propel_core.activations import labeled_rows
-
-    bundle = ProbeBundle.model_validate_json((Path(run_dir) / "probes" / "selected" / "probe.json").read_text())
+def ensemble_probes(registry, run_dir: Path, config: ProbeConfig, seed: int, size: int, folder: Path) -> list[Path]:
+    """The ``wco`` rule's ensemble beside the selected probe: ``size - 1`` more probes at its cell,
+    seeded ``seed + 1`` on, trained on the labeled corpus -> ``folder/seed-S``."""
+    bundle = read_bundle(Path(run_dir) / "probes" / "selected")
     x, y = labeled_rows(run_dir, bundle.layer, bundle.pooling)
     return [
-        fit_at_cell(registry, folder / f"seed-{seed}", bundle, x, y, config, seed, f"ensemble member, seed {seed}")
-        for seed in seeds
+        fit_at_cell(registry, folder / f"seed-{s}", bundle, x, y, config, s, f"ensemble member, seed {s}")
+        for s in range(seed + 1, seed + size)
     ]
 
 
@@ -602,9 +603,7 @@ class ProbeScorer:
         from propel_core.plugins import Registry
 
         folder = Path(folder)
-        if not (folder / "probe.json").exists():
-            raise PropelError(f"no probe bundle in {folder} (probe.json is missing)")
-        self.bundle = ProbeBundle.model_validate_json((folder / "probe.json").read_text())
+        self.bundle = read_bundle(folder)
         self.registry = registry or Registry.build()
         tensors = load_file(folder / "probe.safetensors")
         head = self.registry.get("probe_architectures", self.bundle.architecture)(self.bundle.input_dim)
@@ -640,13 +639,11 @@ class ProbeScorer:
         return [{"logit": float(logit), "probability": float(torch.sigmoid(logit))} for logit in logits]
 
 
-#: the reference model's settings a bundle records: what changes the activations or how they are read
-REFERENCE_SETTINGS = ("model", "backend", "revision", "dtype", "device", "batch_size")
-
-
 def reference_settings(model: ModelConfig) -> dict[str, Any]:
-    """What a bundle records of the reference model it was trained on."""
-    return model.model_dump(mode="json", include=set(REFERENCE_SETTINGS))
+    """What a bundle records of the reference model it was trained on: every setting but sampling (the
+    reference never samples), so the scorer loads the very model the probe read, and shares it with
+    the run's reference role instead of loading it again."""
+    return model.model_dump(mode="json", exclude={"sampling"})
 
 
 def reference_of(bundle: ProbeBundle) -> ModelConfig:
@@ -655,6 +652,14 @@ def reference_of(bundle: ProbeBundle) -> ModelConfig:
     if bundle.reference:
         return ModelConfig(**bundle.reference)
     return ModelConfig(model=None if bundle.reference_model == EMBEDDED_MODEL_ID else bundle.reference_model)
+
+
+def read_bundle(folder: str | Path) -> ProbeBundle:
+    """A bundle's description (``probe.json``)."""
+    path = Path(folder) / "probe.json"
+    if not path.exists():
+        raise PropelError(f"no probe bundle in {folder} (probe.json is missing)")
+    return ProbeBundle.model_validate_json(path.read_text())
 
 
 def load_probe(folder: str | Path, registry=None) -> ProbeScorer:

@@ -109,6 +109,8 @@ class ProbeBundle(Record):
     #: the reference model's settings the activations were read with (a ``ModelConfig``'s model,
     #: backend, revision, dtype, device and batch size); the scorer loads the reference with them
     reference: dict[str, Any] = Field(default_factory=dict)
+    #: where the reference's weights come from (``propel_core.embedded.model_source``)
+    reference_source: str | None = None
     layer: int
     pooling: str
     architecture: str

@@ -59,6 +59,8 @@ class RewardScorer:
         replay: ReplayBuffer | None = None,
     ):
         self.domain, self.rule, self.probes, self.needs = domain, rule, list(probes), rule.needs
+        if domain.registry is None:
+            raise PropelError("the reward scorer needs a domain built by a registry (Registry.domain)")
         predicates = domain.registry.get
         self.predicates = {name: predicates("validity_predicates", name) for name in domain.validity_predicates}
         self.contexts = {context.id: context for context in domain.contexts()}

@@ -24,6 +24,8 @@ from propel_core.contracts import ContextSampler, Executor
 from propel_core.domain import Domain
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
+from propel_core.provenance import claim
+from propel_core.tracking import Tracker
 
 if TYPE_CHECKING:
     from propel_core.execution import Worker
@@ -38,6 +40,7 @@ class Run:
     quiet: bool = False
     _domain: Domain | None = field(default=None, init=False, repr=False)
     _executor: Executor | None = field(default=None, init=False, repr=False)
+    _tracker: Tracker | None = field(default=None, init=False, repr=False)
 
     @property
     def dir(self) -> Path:
@@ -88,6 +91,22 @@ class Run:
 
     def component(self, kind: str, name: str) -> Any:
         return self.registry.get(kind, name)
+
+    @property
+    def tracker(self) -> Tracker:
+        """The trackers of ``report_to``, for the numbers and tables a stage measures."""
+        if self._tracker is None:
+            self._tracker = Tracker(self.config.report_to, self.dir)
+        return self._tracker
+
+    def track(self, stage: str, metrics: dict[str, Any], step: int = 0) -> None:
+        """Log a stage's numbers to every tracker of ``report_to`` (nothing with ``none``)."""
+        self.tracker.log(stage, metrics, step)
+
+    def claim(self, output: str, exists: bool) -> None:
+        """Before a stage adds to ``output`` (a file or folder of the run, holding records when
+        ``exists``): refuse if it was made with other settings, and record the ones used now."""
+        claim(self.dir, output, self.config.model_dump(mode="json"), exists, self.config.allow_changed_settings)
 
     def say(self, text: str) -> None:
         """Tell the user what a stage found (its summary, table or verdict): on standard output, also

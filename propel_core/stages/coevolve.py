@@ -33,8 +33,8 @@ def coevolve(run: Run) -> None:
     if config.coevolve.mode == "adversarial":
         extra = [auxiliary_probe(run, folder / "auxiliary", config.coevolve, config.probe, config.seed)]
     else:
-        seeds = range(config.seed + 1, config.seed + config.coevolve.ensemble_size)
-        extra = ensemble_probes(run.registry, run.dir, config.probe, seeds, folder / "ensemble")
+        size = config.coevolve.ensemble_size
+        extra = ensemble_probes(run.registry, run.dir, config.probe, config.seed, size, folder / "ensemble")
     reward = config.reward.model_copy(update={"rule": config.coevolve.mode, "probes": [str(p) for p in extra]})
     log.info("retraining with the %s rule: %s + %s", config.coevolve.mode, selected, ", ".join(map(str, extra)))
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")

@@ -50,6 +50,7 @@ def evaluate(run: Run) -> None:
     """Sample, validate and solve tasks from each arm; write metrics, a table and histograms."""
     config = run.config
     folder = run.dir / "eval"
+    run.claim("eval", exists=any(folder.glob("*/tasks.jsonl")))
     seed = evaluation_seed(config.seed)
     label = config.label.model_copy(update={"k": config.evaluate.k})
     contexts = run.context_sampler(seed).sample(config.evaluate.num_tasks)
@@ -63,11 +64,29 @@ def evaluate(run: Run) -> None:
         if arm != "base":  # the same contexts and seeds as base: a paired comparison, context by context
             results[arm]["vs_base"] = paired_comparison(utilities[arm], utilities["base"], seed=config.seed)
     (folder / "metrics.json").write_text(json.dumps(results, indent=2))
+    for arm, values in results.items():
+        run.track("evaluate", {f"{arm}/{key}": number for key, number in headline(values).items()})
     table_text = table(results)
     (folder / "table.md").write_text(table_text + "\n")
     histogram_plot(folder / "solve_counts.png", results, config.evaluate.k, config.label)
     run.say(table_text)
     run.say(evaluation_verdict(results))
+
+
+def headline(values: dict) -> dict[str, float]:
+    """An arm's numbers for a tracker: each rate's value (not its standard error), the counts, the
+    solve-count histogram (``solved_J_of_K``) and the paired shift against base."""
+    counts = values["solve_counts"]
+    out = {f"solved_{j}_of_{len(counts) - 1}": count for j, count in enumerate(counts)}
+    for key, value in values.items():
+        if key.startswith("solve_count"):
+            continue
+        value = value[0] if isinstance(value, list | tuple) else value
+        if isinstance(value, int | float):
+            out[key] = value
+    if "vs_base" in values:
+        out["utility_minus_base"] = values["vs_base"]["mean_difference"]
+    return out
 
 
 def table(results: dict[str, dict]) -> str:

@@ -4,7 +4,8 @@ One forward pass per batch gives the hidden states of every layer in the sweep; 
 deepest one are not run. Batches are built from tasks sorted by length, so little compute goes into
 padding, and poolers see the attention mask, so padding never reaches a pooled vector. Each
 (layer, pooling) pair is one safetensors file of shape [tasks, dim]; ``index.json`` maps rows to task
-ids. A rerun with the same reference model, tasks and length limit reuses every file it finds.
+ids. A rerun with the same reference model (all its settings but batch size), tasks and length limit
+reuses every file it finds.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 from propel_core.activations import activation_file, pooled_activations
 from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.errors import PropelError
+from propel_core.probes import reference_settings
 from propel_core.records import Task, iter_jsonl
 from propel_core.run import Run, log
 
@@ -29,6 +31,7 @@ def extract(run: Run) -> None:
     reference = run.config.reference
     index = {
         "reference_model": reference.model or EMBEDDED_MODEL_ID,
+        "reference": {k: v for k, v in reference_settings(reference).items() if k != "batch_size"},
         "max_length": probe.max_length,
         "turn_vector": probe.turn_vector,
         "task_ids": [task.id for task in tasks],

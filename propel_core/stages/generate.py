@@ -19,15 +19,26 @@ from propel_core.run import Run
 def generate(run: Run) -> None:
     """Sample tasks from the generator, parse them and check validity -> tasks.jsonl."""
     config = run.config
+    path = run.dir / "tasks.jsonl"
+    run.claim("tasks.jsonl", exists=path.exists())
     contexts = run.context_sampler(config.seed).sample(config.generate.num_tasks)
-    run.say(funnel(sample_tasks(run, config.generator, contexts, run.dir / "tasks.jsonl", config.seed)))
+    tasks = sample_tasks(run, config.generator, contexts, path, config.seed)
+    counts = funnel_counts(tasks)
+    run.track("generate", counts)
+    run.say(funnel(tasks, counts))
 
 
-def funnel(tasks: list[Task]) -> str:
+def funnel_counts(tasks: list[Task]) -> dict[str, int]:
+    return {
+        "generated": len(tasks),
+        "parsed": sum(task.payload is not None for task in tasks),
+        "valid": sum(task.validity.valid for task in tasks),
+    }
+
+
+def funnel(tasks: list[Task], counts: dict[str, int]) -> str:
     """generated -> parsed -> valid, and the most common rejection reasons."""
-    parsed = sum(task.payload is not None for task in tasks)
-    valid = sum(task.validity.valid for task in tasks)
-    lines = [f"generated {len(tasks)} -> parsed {parsed} -> valid {valid}"]
+    lines = [f"generated {counts['generated']} -> parsed {counts['parsed']} -> valid {counts['valid']}"]
     reasons = Counter(task.validity.reason for task in tasks if not task.validity.valid)
     for reason, count in reasons.most_common(5):
         lines.append(f"  {count:5d}  {reason}")

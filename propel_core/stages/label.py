@@ -18,21 +18,31 @@ from propel_core.run import Run, log
 
 def label(run: Run) -> None:
     """Run the solver K times on every valid task and grade each attempt -> labels.jsonl."""
+    config = run.config
     tasks_path = run.input("tasks.jsonl", made_by="generate")
     tasks = [task for task in iter_jsonl(tasks_path, Task) if task.validity.valid]
     if not tasks:
         log.warning("no valid tasks in %s to label; see the generate funnel", tasks_path)
-    config = run.config
-    labels = label_tasks(run, tasks, run.dir / "labels.jsonl", config.solver, config.label, config.seed)
-    run.say(summary(labels, config.label.k))
+    path = run.dir / "labels.jsonl"
+    run.claim("labels.jsonl", exists=path.exists())
+    labels = label_tasks(run, tasks, path, config.solver, config.label, config.seed)
+    counts = label_counts(labels, config.label.k)
+    run.track("label", counts)
+    run.say(summary(counts, config.label.k))
 
 
-def summary(labels: list[Label], k: int) -> str:
-    """In band / out of band / unknown, and how many tasks were solved 0..K times."""
+def label_counts(labels: list[Label], k: int) -> dict[str, int]:
+    """In band / outside / unknown, and how many tasks were solved 0..K times (``solved_J_of_K``)."""
     utility = Counter(label.utility for label in labels)
     solved = Counter(sum(bool(a.solved) for a in label.attempts) for label in labels)
-    histogram = "  ".join(f"{count}/{k}: {solved.get(count, 0)}" for count in range(k + 1))
+    counts = {"labeled": len(labels), "in_band": utility.get(1, 0), "outside": utility.get(0, 0)}
+    counts["unknown"] = utility.get(None, 0)
+    return counts | {f"solved_{j}_of_{k}": solved.get(j, 0) for j in range(k + 1)}
+
+
+def summary(counts: dict[str, int], k: int) -> str:
+    histogram = "  ".join(f"{j}/{k}: {counts[f'solved_{j}_of_{k}']}" for j in range(k + 1))
     return (
-        f"labeled {len(labels)}: in band {utility.get(1, 0)}, outside {utility.get(0, 0)}, "
-        f"unknown {utility.get(None, 0)}\nsolved  {histogram}"
+        f"labeled {counts['labeled']}: in band {counts['in_band']}, outside {counts['outside']}, "
+        f"unknown {counts['unknown']}\nsolved  {histogram}"
     )

@@ -20,7 +20,7 @@ import statistics
 from collections import Counter
 
 from propel_core.activations import load_activations
-from propel_core.embedded import EMBEDDED_MODEL_ID
+from propel_core.embedded import EMBEDDED_MODEL_ID, model_source
 from propel_core.errors import NotEnoughData, PropelError, RewardError
 from propel_core.probes import (
     ProbeJob,
@@ -121,6 +121,8 @@ def probe(run: Run) -> None:
     write_sweep(folder / "sweep.csv", cells)
     heatmap(folder / "sweep_heatmap.png", cells, probe_config)
     chosen = select(cells, probe_config)
+    run.track("probe", {f"selected/{key}": value for key, value in chosen.items()})
+    run.tracker.table("probe", "sweep", cells)
     key = (chosen["layer"], chosen["pooling"], chosen["architecture"], chosen["balance"])
     trained, x, val, test = kept[key]
     temperature = fit_temperature(trained.logits(x[val]), y[val]) if probe_config.calibrate else 1.0
@@ -129,6 +131,7 @@ def probe(run: Run) -> None:
     bundle = ProbeBundle(
         reference_model=config.reference.model or EMBEDDED_MODEL_ID,
         reference=reference_settings(config.reference),
+        reference_source=model_source(config.reference.model, config.reference.revision),
         layer=chosen["layer"],
         pooling=chosen["pooling"],
         architecture=chosen["architecture"],

@@ -94,6 +94,7 @@ def rank(run: Run) -> None:
     }
     (folder / ("refresh.json" if config.rank.refresh else "metrics.json")).write_text(json.dumps(summary, indent=2))
     log.info("ranker on %d tasks, %d training pairs", len(labels), len(train_pairs))
+    run.track("rank", {("refresh/" if config.rank.refresh else "") + key: value for key, value in after.items()})
     for name, values in (("before refresh", before), ("held out", after)):
         if values:
             run.say(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))

@@ -21,7 +21,14 @@ from propel_core.evaluation import paired_comparison, pass_at_k
 from propel_core.execution import graded_attempts
 from propel_core.records import Context, Label, SolverAttempt, Task, iter_jsonl
 from propel_core.run import Run, log
-from propel_core.training import load_policy, lora_config, sampled_prompts, train_and_save
+from propel_core.training import (
+    last_checkpoint,
+    load_policy,
+    lora_config,
+    prepare_folder,
+    sampled_prompts,
+    train_and_save,
+)
 
 PASS_AT = (1, 4, 8, 16)
 
@@ -65,7 +72,8 @@ def solve_train(run: Run) -> None:
     config, options = run.config, run.config.solve_train
     domain = run.domain()
     folder = run.dir / "solve" / options.name
-    folder.mkdir(parents=True, exist_ok=True)
+    run.claim(f"solve/{options.name}", exists=config.train.resume and last_checkpoint(folder) is not None)
+    checkpoint = prepare_folder(folder, config.train.resume)
     tasks = training_tasks(run, task_file(run, options.tasks), options.in_band_only)
     held_out, tasks = split_held_out(task_file(run, options.held_out), tasks, options.held_out_tasks)
     log.info("solver training on %d tasks, evaluation on %d held-out tasks", len(tasks), len(held_out))
@@ -110,8 +118,9 @@ def solve_train(run: Run) -> None:
         temperature=options.temperature,
         max_completion_length=options.max_completion_length,
         logging_steps=1,
-        save_strategy="no",
-        report_to=config.train.report_to,
+        save_steps=config.train.checkpoint_every,
+        report_to=run.tracker.trackers or "none",
+        run_name=f"{run.dir.name}-solve-{options.name}",
         use_cpu=not torch.cuda.is_available(),
         seed=config.seed,
         shuffle_dataset=False,
@@ -125,7 +134,7 @@ def solve_train(run: Run) -> None:
         processing_class=tokenizer,
         peft_config=lora_config(config.train),
     )
-    train_and_save(trainer, folder)
+    train_and_save(trainer, folder, checkpoint)
     del trainer, model
 
     k = options.eval_k
@@ -238,7 +247,8 @@ def self_train(run: Run) -> None:
         per_device_train_batch_size=options.batch_size,
         logging_steps=1,
         save_strategy="no",
-        report_to=config.train.report_to,
+        report_to=run.tracker.trackers or "none",
+        run_name=f"{run.dir.name}-self-train",
         use_cpu=not torch.cuda.is_available(),
         seed=config.seed,
         completion_only_loss=True,

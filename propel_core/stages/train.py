@@ -4,6 +4,8 @@ The policy is the generator model with LoRA adapters on the configured projectio
 separate, frozen copy of the reference model, so the reward depends on the task text alone (paper
 3.3). Writes the adapter (``train/adapter/``), checkpoints every ``train.checkpoint_every`` steps,
 TRL's metrics (``train/log.jsonl``) and the scorer's per-step diagnostics (``train/reward_log.jsonl``).
+A rerun resumes from the last checkpoint when ``train.resume`` (the default) and refuses when the
+settings the checkpoint was trained with differ (``RUN/settings.json``).
 Multi-GPU: ``accelerate launch -m propel_core.cli train CONFIG`` with the same config.
 """
 
@@ -11,11 +13,15 @@ from __future__ import annotations
 
 from propel_core.execution import solver_labels
 from propel_core.run import Run
-from propel_core.training import train_generator
+from propel_core.training import last_checkpoint, train_generator
 
 
 def train(run: Run) -> None:
-    """GRPO + LoRA on the generator with the probe reward -> train/ (adapter, logs)."""
+    """GRPO + LoRA on the generator with the probe reward -> train/ (adapter, logs); a rerun goes on
+    from the last checkpoint (``train.resume: false`` starts over)."""
     config = run.config
+    folder = run.dir / "train"
+    resume = config.train.resume
+    run.claim("train", exists=resume and last_checkpoint(folder) is not None)
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
-    train_generator(run, run.dir / "train", config.generator, config.train, config.reward, config.seed, solve)
+    train_generator(run, folder, config.generator, config.train, config.reward, config.seed, solve, resume)
