@@ -97,8 +97,9 @@ def _run_demo_stages(run, names) -> None:
 
 def split_arguments(arguments: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """CONFIG files and key=value OVERRIDES, in the order given; at least one file, each one there."""
-    configs = [argument for argument in arguments if "=" not in argument]
-    overrides = [argument for argument in arguments if "=" in argument]
+    is_config = [Path(argument).is_file() or "=" not in argument for argument in arguments]
+    configs = [argument for argument, config in zip(arguments, is_config, strict=True) if config]
+    overrides = [argument for argument, config in zip(arguments, is_config, strict=True) if not config]
     if not configs:
         raise PropelError("name a config file (CONFIG [CONFIG ...] [key=value ...])")
     for config in configs:

@@ -11,10 +11,13 @@ is a task count, since task ``i`` is the same whatever the count: a corpus or an
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from propel_core.errors import PropelError
+
+EVAL_MORE = ("label.min_valid_attempts", "generate.context_sampler", "generate.sampler_options")
 
 #: output -> (the config keys it depends on, as dotted prefixes; the outputs it is made from)
 DEPENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -23,12 +26,19 @@ DEPENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("solver", "label.k", "label.band_low", "label.band_high", "label.min_valid_attempts"),
         ("tasks.jsonl",),
     ),
-    "train": (("train", "reward", "generator", "generate.context_sampler", "generate.sampler_options"), ()),
+    "probes": (("probe", "reference", "reward"), ("labels.jsonl",)),
+    "train": (
+        ("seed", "domain", "train", "reward", "generator", "generate.context_sampler", "generate.sampler_options"),
+        ("probes",),
+    ),
     "eval": (
-        ("seed", "domain", "generator", "solver", "evaluate", "label.band_low", "label.band_high"),
+        ("seed", "domain", "generator", "solver", "evaluate", "label.band_low", "label.band_high", *EVAL_MORE),
         ("train",),
     ),
-    "solve": (("solver", "solve_train", "train.lora_r", "train.lora_alpha", "train.lora_target_modules"), ()),
+    "solve": (
+        ("seed", "domain", "solver", "solve_train", "train.lora_r", "train.lora_alpha", "train.lora_target_modules"),
+        (),
+    ),
 }
 
 #: the last part of a key that never changes what an output holds: how work runs, and how many tasks
@@ -38,6 +48,9 @@ IRRELEVANT = frozenset(
 )
 
 FILE = "settings.json"
+
+#: how each output starts over, for the refusal's message
+RESTART = {"train": "train.resume=false", "solve": "train.resume=false"}
 
 
 def flat(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -84,9 +97,17 @@ def claim(run_dir: Path, output: str, config: dict[str, Any], exists: bool, allo
         changed = differences(before, now)
         shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")
         raise PropelError(
-            f"{Path(run_dir) / output} was made with other settings ({shown}): use a new run_dir, or pass "
-            "allow_changed_settings=true to add to it anyway"
+            f"{Path(run_dir) / output} was made with other settings ({shown}): use a new run_dir, start it over "
+            f"({RESTART.get(output.split('/')[0], 'remove it')}), or pass allow_changed_settings=true to add to it "
+            "anyway"
         )
     recorded[output] = now
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+    partial = path.with_suffix(f".{os.getpid()}.tmp")  # whole or not at all, whoever reads it meanwhile
+    partial.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+    os.replace(partial, path)
+
+
+def holds_records(*paths: Path) -> bool:
+    """Whether any of ``paths`` holds a record (a file a failed start left empty does not)."""
+    return any(Path(path).is_file() and Path(path).stat().st_size > 0 for path in paths)

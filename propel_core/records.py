@@ -106,8 +106,8 @@ class ProbeBundle(Record):
     model_config = ConfigDict(extra="ignore")  # bundles of older versions carry fields since dropped
 
     reference_model: str
-    #: the reference model's settings the activations were read with (a ``ModelConfig``'s model,
-    #: backend, revision, dtype, device and batch size); the scorer loads the reference with them
+    #: the reference model's settings the activations were read with (a ``ModelConfig`` dump, all but
+    #: sampling); the scorer loads the reference with them
     reference: dict[str, Any] = Field(default_factory=dict)
     #: where the reference's weights come from (``propel_core.embedded.model_source``)
     reference_source: str | None = None

@@ -143,5 +143,6 @@ def start_run(
     verbs and plugin commands (``propel swe preflight``) start this way."""
     registry = registry or Registry.build()
     run = Run(load_config([str(path) for path in configs], list(overrides), registry), registry, quiet=quiet)
+    run.tracker  # noqa: B018  (a tracker that is not installed stops the command now, not after its work)
     run.save_config()
     return run

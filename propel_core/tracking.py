@@ -11,7 +11,9 @@ project ``propel``.
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,9 +32,19 @@ class Tracker:
 
     def __init__(self, report_to: Sequence[str], run_dir: Path):
         self.trackers = [name for name in report_to if name != "none"]
+        for tracker in self.trackers:  # before any work, not after hours of it
+            if importlib.util.find_spec(tracker) is None:
+                raise _missing(tracker)
         self.run_dir, self.name = Path(run_dir), Path(run_dir).name
         self._writers: dict[str, Any] = {}
-        self._started: set[str] = set()
+        self._runs: dict[str, Any] = {}
+
+    def trainer_arguments(self, name: str) -> dict[str, Any]:
+        """What a TRL trainer's config needs to report to the same trackers: ``report_to``, the run
+        name ``name`` and the project (wandb reads its project from the environment)."""
+        if "wandb" in self.trackers:
+            os.environ.setdefault("WANDB_PROJECT", PROJECT)
+        return {"report_to": self.trackers or "none", "run_name": name, "project": PROJECT}
 
     def log(self, stage: str, metrics: Mapping[str, Any], step: int = 0) -> None:
         """Every finite number of ``metrics`` as ``STAGE/key``."""
@@ -50,7 +62,7 @@ class Tracker:
                     writer.add_scalar(key, value, step)
                 writer.flush()
             else:
-                self._module(tracker).log({**numbers, f"{stage}/step": step})
+                self._run(tracker).log({**numbers, f"{stage}/step": step})
 
     def table(self, stage: str, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """A table (the probe sweep): a Markdown text in tensorboard, a table in wandb and trackio."""
@@ -65,9 +77,8 @@ class Tracker:
                 writer.add_text(f"{stage}/{name}", "\n".join(lines), 0)
                 writer.flush()
             else:
-                module = self._module(tracker)
-                data = [[row[c] for c in columns] for row in rows]
-                module.log({f"{stage}/{name}": module.Table(columns=columns, data=data)})
+                table = __import__(tracker).Table(columns=columns, data=[[row[c] for c in columns] for row in rows])
+                self._run(tracker).log({f"{stage}/{name}": table})
 
     def _writer(self, stage: str):
         if stage not in self._writers:
@@ -78,18 +89,18 @@ class Tracker:
             self._writers[stage] = SummaryWriter(log_dir=str(self.run_dir / "tensorboard" / stage))
         return self._writers[stage]
 
-    def _module(self, tracker: str):
-        try:
+    def _run(self, tracker: str):
+        """This tracker's own run object (not the module's current run, which a trainer replaces
+        and finishes)."""
+        if tracker not in self._runs:
             module = __import__(tracker)
-        except ImportError:
-            raise _missing(tracker) from None
-        if tracker not in self._started:
             if tracker == "wandb":
-                module.init(project=PROJECT, name=self.name, dir=str(self.run_dir), reinit="create_new")
+                self._runs[tracker] = module.init(
+                    project=PROJECT, name=self.name, dir=str(self.run_dir), reinit="create_new"
+                )
             else:
-                module.init(project=PROJECT, name=self.name)
-            self._started.add(tracker)
-        return module
+                self._runs[tracker] = module.init(project=PROJECT, name=self.name)
+        return self._runs[tracker]
 
     def close(self) -> None:
         for writer in self._writers.values():

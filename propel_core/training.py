@@ -93,8 +93,7 @@ def train_generator(
         epsilon_high=train_config.epsilon_high,
         save_steps=train_config.checkpoint_every,
         logging_steps=1,
-        report_to=run.tracker.trackers or "none",
-        run_name=run.dir.name,
+        **run.tracker.trainer_arguments(run.dir.name),
         use_vllm=train_config.use_vllm,
         vllm_mode=train_config.vllm_mode,
         vllm_server_base_url=train_config.vllm_server_base_url,
@@ -268,7 +267,11 @@ class TokenTurns:
 
 def last_checkpoint(folder: Path) -> Path | None:
     """The folder's checkpoint of the most steps (TRL's ``checkpoint-N``), if any."""
-    found = [path for path in Path(folder).glob("checkpoint-*") if path.name.split("-")[-1].isdigit()]
+    found = [
+        path
+        for path in Path(folder).glob("checkpoint-*")
+        if path.name.split("-")[-1].isdigit() and (path / "trainer_state.json").exists()  # saved whole
+    ]
     return max(found, key=step_of, default=None)
 
 
@@ -284,7 +287,7 @@ def prepare_folder(folder: Path, resume: bool) -> Path | None:
     checkpoint = last_checkpoint(folder) if resume else None
     if checkpoint is None:
         for old in folder.glob("checkpoint-*"):
-            shutil.rmtree(old)
+            shutil.rmtree(old, ignore_errors=True)
         (folder / "reward_log.jsonl").unlink(missing_ok=True)
     else:
         log.info("resuming from %s (train.resume: false starts over)", checkpoint)
@@ -295,16 +298,31 @@ def keep_steps_before(reward_log: Path, step: int) -> None:
     """Drop the reward log's entries of steps a resumed run will redo (``step`` and later)."""
     if not reward_log.exists():
         return
-    entries = [line for line in reward_log.read_text().splitlines() if line.strip()]
-    kept = [line for line in entries if json.loads(line)["step"] < step]
+    kept = []
+    for line in reward_log.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] < step:
+                kept.append(line)
+        except (ValueError, KeyError):  # a line torn by the kill
+            continue
     reward_log.write_text("".join(line + "\n" for line in kept))
 
 
 def train_and_save(trainer, folder: Path, checkpoint: Path | None = None) -> None:
     """Run a TRL trainer (from ``checkpoint`` when given), save its LoRA adapter to ``folder/adapter``
-    and its metrics to ``log.jsonl``."""
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    trainer.save_model(str(folder / "adapter"))
+    and its metrics to ``log.jsonl``. A checkpoint at the last step is the result itself: nothing
+    trains again, its adapter and log are kept."""
+    if checkpoint is not None and step_of(checkpoint) >= trainer.args.max_steps:
+        log.info("%s is at the last step (%d): nothing to train", checkpoint, trainer.args.max_steps)
+        shutil.rmtree(folder / "adapter", ignore_errors=True)
+        (folder / "adapter").mkdir()
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            shutil.copy(checkpoint / name, folder / "adapter" / name)
+        history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    else:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        trainer.save_model(str(folder / "adapter"))
+        history = trainer.state.log_history
     with (folder / "log.jsonl").open("w") as handle:
-        for entry in trainer.state.log_history:
+        for entry in history:
             handle.write(json.dumps(entry) + "\n")

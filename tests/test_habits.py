@@ -137,7 +137,8 @@ def test_dependency_floors_admit_only_versions_with_what_the_code_calls():
         r for extra in project["optional-dependencies"].values() for r in extra
     ]:
         name, _, spec = requirement.partition(">=")
-        floors[name.split("[")[0].strip()] = SpecifierSet(">=" + spec.split(";")[0]) if spec else None
+        if spec:  # a requirement without a floor (transformers[serving]) leaves the floor as it is
+            floors[name.split("[")[0].strip()] = SpecifierSet(">=" + spec.split(";")[0])
     assert "1.8.9" not in floors["trl"] and "1.9.0" in floors["trl"]  # rollout_func, all six loss types
     assert "0.12.0" not in floors["peft"] and "0.21.0" not in floors["vllm"]  # below what TRL 1.9+ supports
     # no floor below the one the installed TRL itself declares for what it shares with propel
@@ -236,3 +237,13 @@ def test_training_killed_after_a_checkpoint_resumes_from_it(tmp_path, propel_cli
     assert steps == [0, 1, 2]  # each step once: the killed run's, then the resumed run's
     final = json.loads((tmp_path / "train" / "checkpoint-3" / "trainer_state.json").read_text())
     assert final["global_step"] == 3 and (tmp_path / "train" / "adapter" / "adapter_model.safetensors").exists()
+    again = propel_cli("train", str(tmp_path / "run.yaml"))  # a finished run: nothing trains again
+    assert "is at the last step (3): nothing to train" in again.stderr
+    assert not (tmp_path / "train" / "checkpoint-4").exists()
+    assert [
+        json.loads(line)["step"] for line in (tmp_path / "train" / "reward_log.jsonl").read_text().splitlines()
+    ] == [
+        0,
+        1,
+        2,
+    ]

@@ -24,6 +24,7 @@ from propel_core.evaluation import (
     shift_text,
 )
 from propel_core.execution import sample_and_label
+from propel_core.provenance import holds_records
 from propel_core.run import Run, log
 
 #: the rows of the side-by-side table: metric key and its heading
@@ -50,7 +51,7 @@ def evaluate(run: Run) -> None:
     """Sample, validate and solve tasks from each arm; write metrics, a table and histograms."""
     config = run.config
     folder = run.dir / "eval"
-    run.claim("eval", exists=any(folder.glob("*/tasks.jsonl")))
+    run.claim("eval", exists=holds_records(*folder.glob("*/*.jsonl")))
     seed = evaluation_seed(config.seed)
     label = config.label.model_copy(update={"k": config.evaluate.k})
     contexts = run.context_sampler(seed).sample(config.evaluate.num_tasks)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from propel_core.execution import sample_tasks
+from propel_core.provenance import holds_records
 from propel_core.records import Task
 from propel_core.run import Run
 
@@ -20,7 +21,7 @@ def generate(run: Run) -> None:
     """Sample tasks from the generator, parse them and check validity -> tasks.jsonl."""
     config = run.config
     path = run.dir / "tasks.jsonl"
-    run.claim("tasks.jsonl", exists=path.exists())
+    run.claim("tasks.jsonl", exists=holds_records(path))
     contexts = run.context_sampler(config.seed).sample(config.generate.num_tasks)
     tasks = sample_tasks(run, config.generator, contexts, path, config.seed)
     counts = funnel_counts(tasks)

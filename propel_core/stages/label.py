@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from propel_core.execution import label_tasks
+from propel_core.execution import journal_path, label_tasks
+from propel_core.provenance import holds_records
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run, log
 
@@ -24,7 +25,7 @@ def label(run: Run) -> None:
     if not tasks:
         log.warning("no valid tasks in %s to label; see the generate funnel", tasks_path)
     path = run.dir / "labels.jsonl"
-    run.claim("labels.jsonl", exists=path.exists())
+    run.claim("labels.jsonl", exists=holds_records(path, journal_path(path)))
     labels = label_tasks(run, tasks, path, config.solver, config.label, config.seed)
     counts = label_counts(labels, config.label.k)
     run.track("label", counts)

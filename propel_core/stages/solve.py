@@ -22,7 +22,6 @@ from propel_core.execution import graded_attempts
 from propel_core.records import Context, Label, SolverAttempt, Task, iter_jsonl
 from propel_core.run import Run, log
 from propel_core.training import (
-    last_checkpoint,
     load_policy,
     lora_config,
     prepare_folder,
@@ -72,8 +71,8 @@ def solve_train(run: Run) -> None:
     config, options = run.config, run.config.solve_train
     domain = run.domain()
     folder = run.dir / "solve" / options.name
-    run.claim(f"solve/{options.name}", exists=config.train.resume and last_checkpoint(folder) is not None)
-    checkpoint = prepare_folder(folder, config.train.resume)
+    checkpoint = prepare_folder(folder, config.train.resume)  # starting over: the old checkpoints go first
+    run.claim(f"solve/{options.name}", exists=checkpoint is not None)
     tasks = training_tasks(run, task_file(run, options.tasks), options.in_band_only)
     held_out, tasks = split_held_out(task_file(run, options.held_out), tasks, options.held_out_tasks)
     log.info("solver training on %d tasks, evaluation on %d held-out tasks", len(tasks), len(held_out))
@@ -85,7 +84,8 @@ def solve_train(run: Run) -> None:
         options.context_sampler, list(contexts.values()), config.seed, **options.sampler_options
     )
     sampler_log = folder / "sampler_log.jsonl"
-    sampler_log.unlink(missing_ok=True)
+    if checkpoint is None:
+        sampler_log.unlink(missing_ok=True)
 
     def reward(prompts, completions, prefill, context_id, **_) -> list[float]:
         verdicts = [
@@ -119,8 +119,7 @@ def solve_train(run: Run) -> None:
         max_completion_length=options.max_completion_length,
         logging_steps=1,
         save_steps=config.train.checkpoint_every,
-        report_to=run.tracker.trackers or "none",
-        run_name=f"{run.dir.name}-solve-{options.name}",
+        **run.tracker.trainer_arguments(f"{run.dir.name}-solve-{options.name}"),
         use_cpu=not torch.cuda.is_available(),
         seed=config.seed,
         shuffle_dataset=False,
@@ -247,8 +246,7 @@ def self_train(run: Run) -> None:
         per_device_train_batch_size=options.batch_size,
         logging_steps=1,
         save_strategy="no",
-        report_to=run.tracker.trackers or "none",
-        run_name=f"{run.dir.name}-self-train",
+        **run.tracker.trainer_arguments(f"{run.dir.name}-self-train"),
         use_cpu=not torch.cuda.is_available(),
         seed=config.seed,
         completion_only_loss=True,

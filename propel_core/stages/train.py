@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from propel_core.execution import solver_labels
 from propel_core.run import Run
-from propel_core.training import last_checkpoint, train_generator
+from propel_core.training import prepare_folder, train_generator
 
 
 def train(run: Run) -> None:
@@ -22,6 +22,7 @@ def train(run: Run) -> None:
     config = run.config
     folder = run.dir / "train"
     resume = config.train.resume
-    run.claim("train", exists=resume and last_checkpoint(folder) is not None)
+    checkpoint = prepare_folder(folder, resume)  # starting over: the old checkpoints go before the claim
+    run.claim("train", exists=checkpoint is not None)
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
     train_generator(run, folder, config.generator, config.train, config.reward, config.seed, solve, resume)
