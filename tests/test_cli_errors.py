@@ -115,7 +115,8 @@ def test_writer_on_a_full_disk_keeps_whole_records(tmpfs):
 def test_full_disk_during_generate_keeps_records_and_resumes(propel_cli, tmp_path, tmpfs):
     disk = tmpfs("size=256k")
     filler = disk / "filler"
-    filler.write_bytes(b"\0" * (256 - 8) * 1024)  # two pages left: config.yaml and the first page of tasks
+    # three pages left: config.yaml, settings.json and the first page of tasks
+    filler.write_bytes(b"\0" * (256 - 12) * 1024)
     config = arithmetic_config(tmp_path, disk / "run")
     tasks_file = disk / "run" / "tasks.jsonl"
     result = propel_cli("-q", "generate", str(config), "generate.num_tasks=16", check=False)
