@@ -289,8 +289,6 @@ def prepare_folder(folder: Path, resume: bool) -> Path | None:
         for old in folder.glob("checkpoint-*"):
             shutil.rmtree(old, ignore_errors=True)
         (folder / "reward_log.jsonl").unlink(missing_ok=True)
-    else:
-        log.info("resuming from %s (train.resume: false starts over)", checkpoint)
     return checkpoint
 
 
@@ -320,6 +318,8 @@ def train_and_save(trainer, folder: Path, checkpoint: Path | None = None) -> Non
             shutil.copy(checkpoint / name, folder / "adapter" / name)
         history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
     else:
+        if checkpoint is not None:
+            log.info("resuming from %s (train.resume: false starts over)", checkpoint)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         trainer.save_model(str(folder / "adapter"))
         history = trainer.state.log_history
