@@ -133,6 +133,8 @@ class TransformersBackend:
     # -- hidden states ------------------------------------------------------------------------------
 
     def hidden_states(self, texts: list[str], layers: list[int], max_length: int) -> HiddenStates:
+        """Under ``torch.inference_mode``, but for a model put in training mode (the ranker's LoRA,
+        ``rank.lora``): its states keep their graph, for gradients to flow back into it."""
         import torch
 
         bad = [layer for layer in layers if not 0 <= layer <= self.num_layers]
@@ -159,7 +161,7 @@ class TransformersBackend:
         )
         base.layers = blocks[:deepest]  # blocks above the deepest requested layer are not run at all
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(not self.model.training):
                 base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         finally:
             base.layers = blocks

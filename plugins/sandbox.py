@@ -96,6 +96,7 @@ class LocalSandbox:
         uid_count: int = 4096,
         allow_unisolated: bool = False,
         python_env: str | None = None,
+        hide: list[str] | None = None,
     ):
         self.time_limit = time_limit
         self.memory_bytes = memory_mb << 20
@@ -112,6 +113,9 @@ class LocalSandbox:
         if not found:
             raise PropelError(f"python_env {self.python_env} has no bin/python (give a virtual environment)")
         self.interpreter = found[0]
+        self.hide = [str(Path(path)) for path in hide or ()]
+        if bad := [path for path in self.hide if not (Path(path).is_absolute() and Path(path).is_dir())]:
+            raise PropelError(f"the sandbox's hide option names folders by absolute path; these are not: {bad[:5]}")
         self.bwrap = shutil.which("bwrap")
         self.setpriv = shutil.which("setpriv")
         self.prlimit = shutil.which("prlimit")
@@ -183,7 +187,8 @@ class LocalSandbox:
         """Run ``bash -c command`` with each host folder of ``binds`` writable at its sandbox path (one
         of them at ``/tmp``) and the ``python_env`` virtual environment (the repository's test
         dependencies; this interpreter's environment by default) read-only at its own path and first
-        on ``PATH``, as the uid of ``cell`` (which holds the folders); the rest as in ``run_python``.
+        on ``PATH``, as the uid of ``cell`` (which holds the folders), each folder of ``hide`` seen
+        empty; the rest as in ``run_python``.
         Fails closed: without every isolation layer it refuses, whatever ``allow_unisolated`` says."""
         missing = self.missing_layers()
         if missing:
@@ -196,6 +201,8 @@ class LocalSandbox:
             for parent in reversed(Path(prefix).parents[:-1]):  # traversable even where the host's is not
                 mounts += ["--perms", "0755", "--dir", str(parent)]
             mounts += ["--ro-bind", prefix, prefix]
+        for path in self.hide:  # an empty read-only folder over each: data the code must not read
+            mounts += ["--tmpfs", path, "--remount-ro", path]
         env = {
             "PATH": f"{self.python_env}/bin:/usr/bin:/bin",
             "HOME": "/tmp",
@@ -533,7 +540,8 @@ OUT_DIR = "/propel-out"  # a writable folder outside the checkout, in every work
 
 
 class Workspace:
-    """One episode's private copy of a repository, run through the local sandbox.
+    """One episode's private copy of a folder (a repository's checkout, an ML task's files), run
+    through the local sandbox.
 
     Each ``run`` is a fresh sandboxed process with the copy writable at ``workdir`` and ``OUT_DIR``
     beside it; nothing else of the host is writable and the network is off. ``read``/``write`` reach
@@ -542,8 +550,8 @@ class Workspace:
     """
 
     def __init__(self, sandbox: LocalSandbox, source: Path, workdir: str):
-        if not (source / ".git").exists():
-            raise PropelError(f"{source} is not a git checkout")
+        if not source.is_dir():
+            raise PropelError(f"{source} is not a folder to copy into a workspace")
         self.sandbox, self.workdir = sandbox, workdir
         size, files = _footprint(source)
         self._cell = Cell(sandbox, extra_bytes=size, extra_files=files)

@@ -248,9 +248,17 @@ class CoevolveConfig(Section):
 
 
 class RankConfig(Section):
-    score: Literal["band_distance", "solve_rate"] = Field(
-        "band_distance", description="the verifier score that orders pairs"
+    items: Literal["tasks", "attempts"] = Field(
+        "tasks", description="what is ranked: tasks, or solver attempts by diagnostics.verifier_score within a task"
     )
+    labels: str | None = Field(
+        None, description="labels.jsonl (tasks.jsonl beside it; relative to run_dir, or absolute); null: the stage's"
+    )
+    score: Literal["band_distance", "solve_rate"] = Field(
+        "band_distance", description="items: tasks: the verifier score that orders pairs"
+    )
+    layer: int | None = Field(None, ge=0, description="without a selected probe: the reference layer; null = middle")
+    pooling: str = component("poolers", "mean_full", description="without a selected probe: the pooler")
     architecture: str = component("probe_architectures", "linear")
     held_out: float = Field(0.2, gt=0, lt=1, description="share of tasks held out for the metrics")
     max_pairs: int = Field(20_000, gt=0)
@@ -259,6 +267,12 @@ class RankConfig(Section):
     weight_decay: float = Field(1e-4, ge=0)
     batch_size: int = Field(64, gt=0)
     refresh: bool = Field(False, description="refresh the saved ranker on the trained policy's verified tasks")
+    lora: bool = Field(False, description="train a LoRA on the reference jointly with the head (seed 002's refresh)")
+    lora_r: int = Field(8, gt=0)
+    lora_alpha: int = Field(16, gt=0)
+    lora_lr: float = Field(1e-5, gt=0)
+    lora_steps: int = Field(200, gt=0)
+    lora_batch_pairs: int = Field(4, gt=0, description="pairs per LoRA step")
 
 
 class SolveTrainConfig(Section):
@@ -279,6 +293,29 @@ class SolveTrainConfig(Section):
     baseline: str | None = Field(None, description="another solve run's NAME to compare with per prompt")
     context_sampler: str = component("context_samplers", "uniform")
     sampler_options: dict[str, Any] = Field(default_factory=dict)
+    reward_rule: str | None = component(
+        "reward_rules",
+        None,
+        description="null: 1 when solved, else 0; a reward rule (partial_instrumentation) reads each verdict's "
+        "markers and verifier_score, with the reward section's settings",
+    )
+    replay: ReplayConfig = Field(default_factory=ReplayConfig, description="replay of rollouts (grpo only)")
+    reward_model: str | None = Field(
+        None, description="RM-GRPO: a calibrated ranker bundle (propel rank) that scores model steps"
+    )
+    verifier_steps: int = Field(1, gt=0, description="RM-GRPO: verifier-scored steps per cycle")
+    model_steps: int = Field(0, ge=0, description="RM-GRPO: reward-model-scored steps per cycle (0: verifier only)")
+
+    @model_validator(mode="after")
+    def _reward_model_for_model_steps(self):
+        if self.model_steps and not self.reward_model:
+            raise ValueError("model_steps > 0 needs reward_model: the ranker bundle that scores those steps")
+        if self.model_steps and not self.reward_rule:
+            raise ValueError(
+                "model_steps > 0 needs a reward_rule (partial_instrumentation): the reward model's calibrated "
+                "scores are on the verifier's scale, not 1 or 0"
+            )
+        return self
 
 
 class SelfTrainConfig(Section):
@@ -384,7 +421,7 @@ def check_components(model: BaseModel, registry: Registry, prefix: str = "") -> 
         if kind is None:
             continue
         installed = registry.names(kind)
-        for item in value if isinstance(value, list) else [value]:
+        for item in value if isinstance(value, list) else [] if value is None else [value]:
             if item not in installed:
                 problems.append(f"{key}: {unknown_message(KINDS[kind][1], item, installed)}")
     return problems

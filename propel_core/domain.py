@@ -28,7 +28,12 @@ class ParseError(ValueError):
 
 @dataclass(slots=True)
 class Verdict:
-    """The grade of one solver attempt: solved, not solved, or ungradable (``solved is None``)."""
+    """The grade of one solver attempt: solved, not solved, or ungradable (``solved is None``).
+
+    A domain whose attempts earn partial credit (seed 002) puts in ``diagnostics`` the ``markers`` the
+    attempt reached (names from ``workflow_markers``) and its ``verifier_score`` (None when its output
+    is invalid); ``solve-train``'s reward rules read those two.
+    """
 
     solved: bool | None
     reason: str | None = None
@@ -109,6 +114,12 @@ class Domain(ABC):
     def markers_reached(self, generation: str) -> list[str]:
         """Which of ``workflow_markers`` the generation reached (partial credit for invalid ones)."""
         return []
+
+    def looks_valid(self, payload: dict[str, Any], attempt: str) -> bool:
+        """Whether a solver attempt looks gradable, judged without grading it (RM-GRPO: on reward-model
+        steps only these get the reward model's score; the others get the partial reward of a run
+        that reached no marker). By default every attempt looks valid."""
+        return True
 
     def verifier_score(self, payload: dict[str, Any]) -> float | None:
         """A valid task's own verifier score (seed 002: the held-out metric of a submission); None

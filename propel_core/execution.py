@@ -1,9 +1,10 @@
 """The expensive half, in one place: solver attempts and generator episodes, run by an executor.
 
-A *job* is one solver attempt at a task (attempt ``j`` of K, graded) or one generator episode on a
-context (parsed and checked into a Task). Every stage that needs either (``label``, ``evaluate``,
-``generate``, the solver-in-the-loop reward, ``solve-train``'s held-out evaluation and
-``self-train``) calls :func:`graded_attempts` or :func:`sample_tasks` here; an *executor* plugin
+A *job* is one solver attempt at a task (attempt ``j`` of K, graded), one generator episode on a
+context (parsed and checked into a Task), or the grading of an attempt a policy in training wrote.
+Every stage that needs one (``label``, ``evaluate``, ``generate``, the solver-in-the-loop reward,
+``solve-train``'s rewards and held-out evaluation, ``self-train``) calls :func:`graded_attempts`,
+:func:`sample_tasks` or :func:`graded_texts` here; an *executor* plugin
 (``executor.name``: ``local`` threads on this machine, ``ray`` tasks on a cluster) decides where the
 jobs run. The calling process (the driver) is the only one that writes run files.
 
@@ -62,7 +63,16 @@ class Episode:
     seed: int
 
 
-Job = Attempt | Episode
+@dataclass(frozen=True, eq=False)
+class Grading:
+    """Grading an attempt already written (``text``, by a policy in training) at ``task``: no model
+    runs, only the domain's grader, which may be the expensive part (a sandboxed execution)."""
+
+    task: Task
+    text: str
+
+
+Job = Attempt | Episode | Grading
 
 
 def model_reply(generate: Generate, sampling: Sampling, seed: int) -> Reply:
@@ -131,6 +141,8 @@ class Worker:
     def run(self, job: Job, generate: Generate | None = None) -> SolverAttempt | Task:
         """Run one job; ``generate`` replaces the backend's (the local executor's batched turns)."""
         domain = self.domain
+        if isinstance(job, Grading):
+            return grade_attempt(domain, job.task, job.text)
         if isinstance(job, Episode) and not domain.uses_generator_model:
             generate = no_model  # the generator model is never loaded for such a domain
         reply = model_reply(generate or self.generate, self.sampling, job.seed)
@@ -209,6 +221,15 @@ def graded_attempts(
     finally:
         if writer is not None:
             writer.close()
+
+
+def graded_texts(run: Run, attempts: list[tuple[Task, str]], model: ModelConfig) -> list[SolverAttempt]:
+    """The grades of attempts already written, in order, each a job of the run's executor (so a
+    policy's rollouts are verified as widely as the executor spreads them); ``model`` is the role the
+    attempts stand for (its worker is cached under it; it is never loaded)."""
+    jobs = [Grading(task, text) for task, text in attempts]
+    grades = dict(run.executor().run(run.worker(model), jobs))
+    return [grades[job] for job in jobs]
 
 
 def label_tasks(

@@ -73,6 +73,9 @@ def register_domains(register):
     - ``workflow_markers`` (class attribute) and ``markers_reached(generation)``: which markers a
       generation reached, for partial-credit rewards;
     - ``verifier_score(payload)``: a valid task's own score, where the domain has one;
+    - a solver domain with partial credit (mle) puts ``markers`` and ``verifier_score`` in each
+      ``Verdict``'s diagnostics, and ``looks_valid(payload, attempt)`` says which attempts look
+      gradable without grading them (RM-GRPO scores only those with the reward model);
     - ``multi_turn = True`` with ``episode(context, reply, seed)`` and
       ``solver_episode(payload, reply)``: an agent domain whose generator and solver act over many
       turns, each answered by ``reply(messages)``; the episode returns the whole trajectory as text,
@@ -279,8 +282,8 @@ def register_context_samplers(register):
     reward, so a sampler that learns shapes the next batch. ``solve-train`` samples its training
     tasks the same way (``solve_train.context_sampler``; each task a context, bucketed by its topic)
     with the verifier's rewards. A sampler may also offer ``diagnostics() -> dict``, logged after
-    every update: with each step of ``train/reward_log.jsonl`` (key ``sampler``) and in
-    ``solve/NAME/sampler_log.jsonl``.
+    every update: with each step of ``train/reward_log.jsonl`` and ``solve/NAME/reward_log.jsonl``
+    (key ``sampler``).
 
     ```python
     @hookimpl

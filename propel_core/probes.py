@@ -594,23 +594,40 @@ def save_bundle(folder: Path, probe: TrainedProbe, description: ProbeBundle) -> 
     (folder / "probe.json").write_text(description.model_dump_json(indent=2) + "\n")
 
 
+def load_head(folder: str | Path, bundle: ProbeBundle, registry) -> TrainedProbe:
+    """The head and standardization a bundle saved (``probe.safetensors``), without its reference."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(Path(folder) / "probe.safetensors")
+    head = registry.get("probe_architectures", bundle.architecture)(bundle.input_dim)
+    head.load_state_dict({k.removeprefix("head."): v for k, v in tensors.items() if k.startswith("head.")})
+    return TrainedProbe(head, tensors["mean"], tensors["std"], epochs=0)
+
+
+def bundle_features(backend, bundle: ProbeBundle, registry, texts: list[str | list[str]]):
+    """The pooled reference activations a bundle's head reads (its layer, pooling, turn vector and
+    length), exactly as the extract stage pools them, read with ``backend``: the bundle's reference,
+    or one the ranker trains a LoRA in (a model in training mode keeps the graph)."""
+    return pooled_activations(
+        backend,
+        texts,
+        [bundle.layer],
+        {bundle.pooling: registry.get("poolers", bundle.pooling)},
+        registry.get("poolers", bundle.turn_vector),
+        bundle.max_length,
+        reference_of(bundle).batch_size,
+    )[bundle.layer, bundle.pooling]
+
+
 class ProbeScorer:
     """A saved probe, ready to score raw task texts: tokenize, truncated forward pass, pool, head."""
 
     def __init__(self, folder: str | Path, registry=None):
-        from safetensors.torch import load_file
-
         from propel_core.plugins import Registry
 
-        folder = Path(folder)
         self.bundle = read_bundle(folder)
         self.registry = registry or Registry.build()
-        tensors = load_file(folder / "probe.safetensors")
-        head = self.registry.get("probe_architectures", self.bundle.architecture)(self.bundle.input_dim)
-        head.load_state_dict({k.removeprefix("head."): v for k, v in tensors.items() if k.startswith("head.")})
-        self.probe = TrainedProbe(head, tensors["mean"], tensors["std"], epochs=0)
-        self.poolers = {self.bundle.pooling: self.registry.get("poolers", self.bundle.pooling)}
-        self.turn_vector = self.registry.get("poolers", self.bundle.turn_vector)
+        self.probe = load_head(folder, self.bundle, self.registry)
         self.reference = reference_of(self.bundle)
         self.backend = self.registry.backend(self.reference)
 
@@ -619,24 +636,23 @@ class ProbeScorer:
 
     def features(self, texts: list[str | list[str]]):
         """The pooled reference activations the head reads, exactly as the extract stage pools them."""
-        layer, pooling = self.bundle.layer, self.bundle.pooling
-        return pooled_activations(
-            self.backend,
-            texts,
-            [layer],
-            self.poolers,
-            self.turn_vector,
-            self.bundle.max_length,
-            self.reference.batch_size,
-        )[layer, pooling]
+        return bundle_features(self.backend, self.bundle, self.registry, texts)
 
     def score(self, texts: list[str | list[str]]) -> list[dict[str, float]]:
         """``logit`` and ``probability`` of the in-band class for each text or trajectory (a list of
-        turns), with the temperature applied."""
+        turns), with the temperature applied; and ``calibrated``, the logit on the verifier's scale,
+        where the bundle has a calibration (a ranker's: the line ``slope * logit + intercept`` clipped
+        to [``low``, ``high``])."""
         import torch
 
         logits = self.logits_of_features(self.features(texts))
-        return [{"logit": float(logit), "probability": float(torch.sigmoid(logit))} for logit in logits]
+        scores = [{"logit": float(logit), "probability": float(torch.sigmoid(logit))} for logit in logits]
+        line = self.bundle.calibration
+        if line:
+            for score in scores:
+                value = line["slope"] * score["logit"] + line["intercept"]
+                score["calibrated"] = min(max(value, line["low"]), line["high"])
+        return scores
 
 
 def reference_settings(model: ModelConfig) -> dict[str, Any]:

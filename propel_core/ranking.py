@@ -1,9 +1,10 @@
 """A Bradley-Terry reward model: the second kind of amortized scorer beside the probe (seed 002).
 
-A head on frozen reference features gives each task a scalar score s; it is trained on pairs (i, j)
-whose verifier scores order i above j, with the loss -log sigmoid(s_i - s_j). It is saved in the
-probe bundle format, so anything that loads a probe (the reward scorer, ``reward.main_probe``) can
-use it, its score in place of the probe logit.
+A head on reference features gives each item (a task, or a solver attempt at one) a scalar score s;
+it is trained on pairs (i, j) whose verifier scores order i above j, with the loss
+-log sigmoid(s_i - s_j), on frozen features or jointly with a LoRA on the reference. It is saved in
+the probe bundle format, so anything that loads a probe (the reward scorer, ``reward.main_probe``)
+can use it, its score in place of the probe logit, with a calibration to the verifier's scale.
 """
 
 from __future__ import annotations
@@ -15,18 +16,32 @@ from collections.abc import Sequence
 from propel_core.probes import TrainedProbe, spearman
 
 
-def ordered_pairs(rows: Sequence[int], scores: Sequence[float], max_pairs: int, seed: int) -> list[tuple[int, int]]:
+def ordered_pairs(
+    rows: Sequence[int], scores: Sequence[float], max_pairs: int, seed: int, groups: Sequence | None = None
+) -> list[tuple[int, int]]:
     """Pairs (i, j) of ``rows`` with scores[i] > scores[j] (ties give no pair), at most ``max_pairs``
-    of them, drawn at random (seeded) when there are more."""
+    of them, drawn at random (seeded) when there are more. With ``groups``, only rows of one group
+    pair: the attempts at one task, whose scores are on one metric."""
     pairs = [
         (i, j) if scores[i] > scores[j] else (j, i)
         for a, i in enumerate(rows)
         for j in rows[a + 1 :]
-        if scores[i] != scores[j]
+        if scores[i] != scores[j] and (groups is None or groups[i] == groups[j])
     ]
     if len(pairs) > max_pairs:
         pairs = random.Random(seed).sample(pairs, max_pairs)
     return pairs
+
+
+def held_out_split(units: Sequence, share: float, seed: int, least: int) -> tuple[list[int], list[int]]:
+    """(held_out, train) rows: the distinct ``units`` (each row's task, or the row itself) shuffled
+    (seeded), and the rows of the first max(least, round(share * units)) of them held out, so that no
+    unit has rows on both sides."""
+    distinct = list(dict.fromkeys(units))
+    random.Random(seed).shuffle(distinct)
+    chosen = set(distinct[: max(least, round(len(distinct) * share))])
+    held_out = [row for row, unit in enumerate(units) if unit in chosen]
+    return held_out, [row for row, unit in enumerate(units) if unit not in chosen]
 
 
 def train_bradley_terry(
@@ -65,6 +80,68 @@ def train_bradley_terry(
             optimizer.step()
     head.eval()
     return TrainedProbe(head, mean, std, epochs)
+
+
+def with_lora(model, adapter: str | None, config, seed: int):
+    """``model`` (a Hugging Face causal LM, changed in place) with a trainable LoRA: the one saved at
+    ``adapter``, or a new one of the peft ``config`` (seeded). Returns the peft model, whose
+    ``save_pretrained`` writes the adapter, in eval mode (peft leaves the new layers' dropout on)."""
+    import torch
+    from peft import PeftModel, get_peft_model
+
+    if adapter:
+        return PeftModel.from_pretrained(model, adapter, is_trainable=True).eval()
+    torch.manual_seed(seed)
+    return get_peft_model(model, config).eval()
+
+
+def train_bradley_terry_lora(
+    model, read, ranker: TrainedProbe, texts, pairs, *, lr: float, steps: int, batch_pairs: int, seed: int, advance=None
+) -> list[float]:
+    """Train the LoRA of ``model`` (a peft model) jointly with ``ranker``'s head on ordered pairs of
+    ``texts``: each of ``steps`` AdamW steps draws ``batch_pairs`` pairs (seeded), reads their texts'
+    features with ``read`` (the pooled forward of the model, which keeps its graph while the model
+    trains), and follows the loss -log sigmoid(s_winner - s_loser). Returns each step's loss;
+    ``advance(1)`` after each step."""
+    import torch
+
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    trainable = [p for p in model.parameters() if p.requires_grad] + list(ranker.head.parameters())
+    optimizer = torch.optim.AdamW(trainable, lr=lr)
+    losses = []
+    model.train()
+    ranker.head.train()
+    try:
+        for _ in range(steps):
+            chosen = [pairs[k] for k in torch.randperm(len(pairs), generator=generator)[:batch_pairs].tolist()]
+            rows = sorted({i for pair in chosen for i in pair})
+            position = {row: k for k, row in enumerate(rows)}
+            s = ranker.head((read([texts[i] for i in rows]) - ranker.mean) / ranker.std)
+            margin = s[[position[i] for i, _ in chosen]] - s[[position[j] for _, j in chosen]]
+            loss = torch.nn.functional.softplus(-margin).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            if advance is not None:
+                advance(1)
+    finally:
+        model.eval()
+        ranker.head.eval()
+    return losses
+
+
+def fit_calibration(logits, scores) -> dict[str, float]:
+    """The least-squares line from a ranker's logit to the verifier score (``slope``, ``intercept``),
+    and the range of the scores it was fitted on (``low``, ``high``), which its values are clipped to:
+    the ranker's score on the verifier's scale (``ProbeScorer.score``'s ``calibrated``)."""
+    x, y = logits.double(), scores.double()
+    dx = x - x.mean()
+    variance = float((dx * dx).sum())
+    slope = float((dx * (y - y.mean())).sum()) / variance if variance > 0 else 0.0
+    intercept = float(y.mean()) - slope * float(x.mean())
+    return {"slope": slope, "intercept": intercept, "low": float(y.min()), "high": float(y.max())}
 
 
 def kendall_tau_b(a, b) -> float:

@@ -120,6 +120,9 @@ class ProbeBundle(Record):
     temperature: float = 1.0
     metrics: dict[str, float] = Field(default_factory=dict)
     training_rows: int
+    #: a ranker's logit on the verifier's scale: ``slope``, ``intercept`` of the least-squares line
+    #: fitted on its training items, clipped to their scores' range [``low``, ``high``]
+    calibration: dict[str, float] | None = None
 
 
 R = TypeVar("R", bound=BaseModel)

@@ -61,6 +61,18 @@ class ReplayBuffer:
         self.admitted += 1
         return True
 
+    def offer(self, step: int, prompts, completions, completion_ids, rewards: list[float]) -> int:
+        """Offer a scored batch's fresh generations (replays put back this step are skipped); the
+        number of replays in the batch."""
+        replayed = 0
+        for prompt, completion, ids, reward in zip(prompts, completions, completion_ids, rewards, strict=True):
+            key = prompt_key(prompt)
+            if (key, tuple(ids)) in self.replayed:
+                replayed += 1
+            else:
+                self.add(key, (list(ids), completion), reward, step)
+        return replayed
+
     def select(self, key: str, n: int) -> list[Any]:
         """Up to ``n`` earlier generations for prompt ``key`` (fewer when the buffer has fewer)."""
         kept = self.entries.get(key, [])

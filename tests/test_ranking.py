@@ -1,11 +1,20 @@
 """The Bradley-Terry reward model: metrics by hand, a planted ordering learned, shuffled pairs not."""
 
 import math
+import random
 
 import pytest
 import torch
 
-from propel_core.ranking import kendall_tau_b, ordered_pairs, ranking_metrics, top_overlap, train_bradley_terry
+from propel_core.ranking import (
+    fit_calibration,
+    held_out_split,
+    kendall_tau_b,
+    ordered_pairs,
+    ranking_metrics,
+    top_overlap,
+    train_bradley_terry,
+)
 
 
 def test_kendall_tau_b_by_hand():
@@ -23,6 +32,30 @@ def test_top_overlap_and_pairs():
     assert top_overlap(verifier, verifier) == 1.0
     assert ordered_pairs([0, 1, 2], [0.5, 0.5, 1.0], 10, 0) == [(2, 0), (2, 1)]  # ties give no pair
     assert len(ordered_pairs(list(range(10)), list(range(10)), 7, 0)) == 7
+
+
+def test_attempts_pair_within_their_task_and_whole_tasks_are_held_out():
+    groups = ["a", "a", "b", "b", "b"]
+    scores = [0.1, 0.9, 5.0, 3.0, 4.0]
+    assert ordered_pairs(range(5), scores, 10, 0, groups) == [(1, 0), (2, 3), (2, 4), (4, 3)]
+    assert len(ordered_pairs(range(5), scores, 10, 0)) == 10  # without groups every two rows pair
+    tasks = [f"t{i // 3}" for i in range(30)]  # 10 tasks of 3 attempts
+    held_out, train = held_out_split(tasks, 0.2, 0, least=1)
+    assert sorted(held_out + train) == list(range(30)) and len(held_out) == 6
+    assert not {tasks[i] for i in held_out} & {tasks[i] for i in train}
+    # rows as their own units: the split the task ranker always made (a seeded shuffle, the first held out)
+    rows, _ = held_out_split(list(range(10)), 0.2, 3, least=2)
+    order = list(range(10))
+    random.Random(3).shuffle(order)
+    assert rows == sorted(order[:2])
+
+
+def test_calibration_is_the_least_squares_line_within_the_scores_range():
+    logits = torch.tensor([-2.0, 0.0, 1.0, 3.0])
+    line = fit_calibration(logits, 0.5 * logits + 0.25)
+    assert line == pytest.approx({"slope": 0.5, "intercept": 0.25, "low": -0.75, "high": 1.75})
+    flat = fit_calibration(torch.zeros(3), torch.tensor([0.2, 0.4, 0.9]))
+    assert flat == pytest.approx({"slope": 0.0, "intercept": 0.5, "low": 0.2, "high": 0.9})
 
 
 def planted(n=240, dim=16, seed=0):

@@ -83,8 +83,9 @@ def test_rloo_trains_the_solver_adapter_and_evaluates_both_arms(solve_run):
     second = json.loads((solve_run.dir / "solve" / "all-tasks" / "metrics.json").read_text())
     assert set(second["comparisons"]) == {"trained_vs_base", "trained_vs_trained-tasks"}
     # the progress sampler saw the verifier's rewards of every step
-    steps = (solve_run.dir / "solve" / "all-tasks" / "sampler_log.jsonl").read_text().splitlines()
-    assert len(steps) == 2 and json.loads(steps[-1])["buckets_with_data"] >= 2
+    steps = (solve_run.dir / "solve" / "all-tasks" / "reward_log.jsonl").read_text().splitlines()
+    assert len(steps) == 2 and json.loads(steps[-1])["sampler"]["buckets_with_data"] >= 2
+    assert [json.loads(step)["source"] for step in steps] == ["verifier", "verifier"]
 
 
 def test_solver_metrics_by_hand():

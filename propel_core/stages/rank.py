@@ -1,103 +1,218 @@
 """rank: a Bradley-Terry reward model on the labeled corpus, or its on-policy refresh -> ``RUN/ranker/``.
 
-Tasks are ordered by a verifier score (``rank.score``): ``band_distance`` (minus the distance of the
-solve rate from the target band, 0 inside it) or ``solve_rate``. The features are the reference
-activations at the selected probe's cell (``propel extract`` wrote them). A random ``rank.held_out``
-share of tasks is held out, and only pairs within each side are used, so held-out metrics are on
-tasks the model never saw. With ``rank.refresh: true`` the saved ranker is refreshed on verified
-pairs from the trained policy (``eval/trained/``): metrics on that policy's held-out tasks are
-reported before and after, as seed 002 does for its on-policy LoRA calibration.
+The items are tasks (``rank.items: tasks``), ordered by a verifier score (``rank.score``):
+``band_distance`` (minus the distance of the solve rate from the target band, 0 inside it) or
+``solve_rate``; or solver attempts (``attempts``), each with a finite ``diagnostics.verifier_score``,
+read as the task's text and the attempt's and paired only with attempts at the same task. The
+features are the reference activations at the selected probe's cell, or, without a probe, at
+``rank.layer`` and ``rank.pooling``. A random ``rank.held_out`` share of tasks is held out (of
+attempts, when they are all at one task), and only pairs within each side are used, so held-out
+metrics are on tasks the model never saw. With ``rank.refresh: true`` the saved ranker is refreshed
+on verified pairs from the trained policy (``eval/trained/``): metrics on that policy's held-out
+items are reported before and after, as seed 002 does for its on-policy LoRA calibration. With
+``rank.lora`` a LoRA on the reference trains jointly with the head, and the ranker reads the
+reference with it. Either way the ranker keeps a line from its logit to the verifier score.
 """
 
 from __future__ import annotations
 
 import json
-import random
+import math
+import shutil
+from pathlib import Path
 
 from propel_core.config import PropelConfig
+from propel_core.embedded import EMBEDDED_MODEL_ID, model_source
 from propel_core.errors import NotEnoughData, PropelError
-from propel_core.probes import load_probe, save_bundle
-from propel_core.ranking import ordered_pairs, ranking_metrics, train_bradley_terry
-from propel_core.records import Label, Task, iter_jsonl
+from propel_core.probes import bundle_features, load_head, read_bundle, reference_of, reference_settings, save_bundle
+from propel_core.ranking import (
+    fit_calibration,
+    held_out_split,
+    ordered_pairs,
+    ranking_metrics,
+    train_bradley_terry,
+    train_bradley_terry_lora,
+    with_lora,
+)
+from propel_core.records import Label, ProbeBundle, Task, iter_jsonl
 from propel_core.run import Run, log
+from propel_core.training import lora_config
 
 
 def pair_score(label: Label, config: PropelConfig) -> float:
-    """The verifier score that orders pairs (``rank.score``)."""
+    """The verifier score that orders pairs of tasks (``rank.score``)."""
     rate = label.solve_rate
     if config.rank.score == "solve_rate":
         return rate
     return -max(config.label.band_low - rate, rate - config.label.band_high, 0.0)
 
 
+def ranked_items(labels_path: Path, config: PropelConfig) -> tuple[list[str], list[float], list[str]]:
+    """The text, verifier score and task id of every item of a labels file (``rank.items``)."""
+    labels = list(iter_jsonl(labels_path, Label))
+    tasks = {task.id: task for task in iter_jsonl(labels_path.parent / "tasks.jsonl", Task)}
+    items = []
+    for label in labels:
+        task = tasks.get(label.task_id)
+        if task is None:
+            continue
+        if config.rank.items == "tasks":
+            if label.solve_rate is not None:
+                items.append((task.text, pair_score(label, config), task.id))
+            continue
+        if isinstance(task.text, list):
+            raise PropelError(f"task {task.id} is a trajectory: rank.items=attempts needs tasks of one text")
+        for attempt in label.attempts:
+            score = attempt.diagnostics.get("verifier_score")
+            if isinstance(score, int | float) and math.isfinite(score):
+                items.append((f"{task.text}\n\n{attempt.text}", float(score), task.id))
+    return [text for text, _, _ in items], [score for _, score, _ in items], [task for _, _, task in items]
+
+
 def rank(run: Run) -> None:
-    """Train (or refresh on the trained policy's tasks) a Bradley-Terry reward model -> ranker/."""
+    """Train (or refresh on the trained policy's items) a Bradley-Terry reward model -> ranker/."""
     import torch
 
-    config = run.config
-    folder = run.dir / "ranker"
-    probe = load_probe(run.input("probes/selected", made_by="probe"), run.registry)
-    name, made_by = ("eval/trained/labels.jsonl", "evaluate") if config.rank.refresh else ("labels.jsonl", "label")
-    source = run.input(name, made_by).parent
-    labels = [label for label in iter_jsonl(source / "labels.jsonl", Label) if label.solve_rate is not None]
-    tasks = {task.id: task for task in iter_jsonl(source / "tasks.jsonl", Task)}
-    labels = [label for label in labels if label.task_id in tasks]
-    scores = torch.tensor([pair_score(label, config) for label in labels])
-    if len(labels) < 4 or len(scores.unique()) < 2:
+    config, settings = run.config, run.config.rank
+    folder, adapter = run.dir / "ranker", (run.dir / "ranker" / "adapter").resolve()
+    if settings.labels is not None:
+        labels_path = run.dir / settings.labels  # an absolute path stays itself
+        if not labels_path.is_file() or not (labels_path.parent / "tasks.jsonl").is_file():
+            raise PropelError(f"rank.labels: {labels_path} is not a labels file with a tasks.jsonl beside it")
+    elif settings.refresh:
+        labels_path = run.input("eval/trained/labels.jsonl", "evaluate")
+    else:
+        labels_path = run.input("labels.jsonl", "label")
+    texts, score_list, tasks = ranked_items(labels_path, config)
+    scores = torch.tensor(score_list)
+    if len(texts) < 4 or len(scores.unique()) < 2:
         raise NotEnoughData(
-            f"{len(labels)} labeled tasks in {source} with {len(scores.unique())} distinct scores: "
-            "a ranker needs at least 4 tasks and 2 distinct scores"
+            f"{len(texts)} scored {settings.items} in {labels_path} with {len(scores.unique())} distinct scores: "
+            "a ranker needs at least 4 and 2 distinct scores"
         )
-    x = probe.features([tasks[label.task_id].text for label in labels])
-    order = list(range(len(labels)))
-    random.Random(config.seed).shuffle(order)
-    cut = max(2, round(len(order) * config.rank.held_out))
-    held_out, train = sorted(order[:cut]), sorted(order[cut:])
-    train_pairs = ordered_pairs(train, scores.tolist(), config.rank.max_pairs, config.seed)
-    test_pairs = ordered_pairs(held_out, scores.tolist(), config.rank.max_pairs, config.seed)
+    by_task = settings.items == "attempts" and len(set(tasks)) > 1  # held out: whole tasks
+    units = tasks if by_task else list(range(len(texts)))
+    held_out, train = held_out_split(units, settings.held_out, config.seed, least=1 if by_task else 2)
+    groups = tasks if settings.items == "attempts" else None
+    train_pairs = ordered_pairs(train, score_list, settings.max_pairs, config.seed, groups)
+    test_pairs = ordered_pairs(held_out, score_list, settings.max_pairs, config.seed, groups)
     if not train_pairs:
-        raise NotEnoughData("the training tasks all share one verifier score: no ordered pair to learn from")
-    start, before = None, None
-    if config.rank.refresh:
+        raise NotEnoughData("the training items share one verifier score (per task, for attempts): no pair to learn")
+
+    start = None
+    if settings.refresh:
         if not (folder / "probe.json").exists():
             raise PropelError(f"no ranker in {folder} to refresh: run `propel rank` with rank.refresh=false first")
-        start = load_probe(folder, run.registry).probe
-        before = _evaluate(start, x, scores, held_out, test_pairs)
-    ranker = train_bradley_terry(
-        run.component("probe_architectures", config.rank.architecture),
-        x,
-        train_pairs,
-        lr=config.rank.lr,
-        weight_decay=config.rank.weight_decay,
-        epochs=config.rank.epochs,
-        batch_size=config.rank.batch_size,
-        seed=config.seed,
-        start=start,
-    )
+        cell = read_bundle(folder)
+        start = load_head(folder, cell, run.registry)
+    elif (run.dir / "probes" / "selected").exists():
+        cell = read_bundle(run.dir / "probes" / "selected")
+    else:
+        cell = None
+    reference = reference_of(cell) if cell else config.reference
+    lora = None
+    if settings.lora:
+        if reference.backend != "transformers":
+            raise PropelError("rank.lora trains the reference's weights: give the reference the transformers backend")
+        if reference.adapter and not settings.refresh:
+            raise PropelError(f"rank.lora trains a new adapter: the reference already carries {reference.adapter}")
+        backend = run.component("model_backends", reference.backend)(reference.with_adapter(None))  # its own copy
+        lora_settings = config.train.model_copy(update={"lora_r": settings.lora_r, "lora_alpha": settings.lora_alpha})
+        lora = with_lora(backend.model, reference.adapter, lora_config(lora_settings), config.seed)
+    else:
+        backend = run.registry.backend(reference)
+    cell = cell or _cell(config, backend)
+
+    def read(item_texts):
+        return bundle_features(backend, cell, run.registry, item_texts)
+
+    x = read(texts)
+    before = _evaluate(start, x, scores, held_out, test_pairs) if start is not None else None
+    ranker, losses = start, None
+    if start is None or lora is None:  # a LoRA refresh trains the saved head with the LoRA only
+        ranker = train_bradley_terry(
+            run.component("probe_architectures", settings.architecture),
+            x,
+            train_pairs,
+            lr=settings.lr,
+            weight_decay=settings.weight_decay,
+            epochs=settings.epochs,
+            batch_size=settings.batch_size,
+            seed=config.seed,
+            start=start,
+        )
+    if lora is not None:
+        with run.progress("rank: LoRA steps", total=settings.lora_steps) as advance:
+            losses = train_bradley_terry_lora(
+                lora,
+                read,
+                ranker,
+                texts,
+                train_pairs,
+                lr=settings.lora_lr,
+                steps=settings.lora_steps,
+                batch_pairs=settings.lora_batch_pairs,
+                seed=config.seed,
+                advance=advance,
+            )
+        log.info("LoRA: loss %.4f at the first step, %.4f at the last", losses[0], losses[-1])
+        lora.save_pretrained(str(adapter))
+        reference = reference.with_adapter(adapter)
+        x = read(texts)  # what the ranker reads now
+    elif not settings.refresh:
+        shutil.rmtree(adapter, ignore_errors=True)  # an older LoRA ranker's
     after = _evaluate(ranker, x, scores, held_out, test_pairs)
-    description = probe.bundle.model_copy(
+    description = cell.model_copy(
         update={
-            "architecture": config.rank.architecture,
+            "architecture": settings.architecture if start is None else cell.architecture,
+            "reference": reference_settings(reference),
+            "input_dim": x.shape[1],
             "temperature": 1.0,
             "training_rows": len(train),
             "metrics": {k: v for k, v in after.items() if v == v},
+            "calibration": fit_calibration(ranker.logits(x[train]), scores[train]),
         }
     )
     save_bundle(folder, ranker, description)
     summary = {
-        "tasks": len(labels),
+        "items": settings.items,
+        "count": len(texts),
         "train_pairs": len(train_pairs),
         "held_out_pairs": len(test_pairs),
-        "refresh": config.rank.refresh,
+        "refresh": settings.refresh,
+        "lora": settings.lora,
+        "lora_losses": losses,
         "before": before,
         "after": after,
     }
-    (folder / ("refresh.json" if config.rank.refresh else "metrics.json")).write_text(json.dumps(summary, indent=2))
-    log.info("ranker on %d tasks, %d training pairs", len(labels), len(train_pairs))
-    run.track("rank", {("refresh/" if config.rank.refresh else "") + key: value for key, value in after.items()})
+    (folder / ("refresh.json" if settings.refresh else "metrics.json")).write_text(json.dumps(summary, indent=2))
+    log.info("ranker on %d %s, %d training pairs", len(texts), settings.items, len(train_pairs))
+    run.track("rank", {("refresh/" if settings.refresh else "") + key: value for key, value in after.items()})
     for name, values in (("before refresh", before), ("held out", after)):
         if values:
             run.say(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))
+
+
+def _cell(config: PropelConfig, backend) -> ProbeBundle:
+    """Where a ranker without a selected probe reads the reference: ``rank.layer`` (null: the middle
+    one) and ``rank.pooling``, with the probe sweep's length and turn vector."""
+    reference, layer = config.reference, config.rank.layer
+    if layer is None:
+        if not hasattr(backend, "num_layers"):
+            raise PropelError(f"the {reference.backend} backend does not say how deep the reference is: set rank.layer")
+        layer = backend.num_layers // 2
+    return ProbeBundle(
+        reference_model=reference.model or EMBEDDED_MODEL_ID,
+        reference=reference_settings(reference),
+        reference_source=model_source(reference.model, reference.revision),
+        layer=layer,
+        pooling=config.rank.pooling,
+        architecture=config.rank.architecture,
+        input_dim=0,  # known once the features are read
+        max_length=config.probe.max_length,
+        turn_vector=config.probe.turn_vector,
+        training_rows=0,
+    )
 
 
 def _evaluate(ranker, x, scores, rows, pairs) -> dict[str, float]:

@@ -1,12 +1,13 @@
 """What the generated tasks are for: training a solver on them (``solve-train``) and verifier-filtered
 self-training (``self-train``, seed 001 section 3.4) -> ``RUN/solve/NAME/`` and ``RUN/self_train/``.
 
-``solve-train`` RL-trains the solver with LoRA (TRL's RLOO or GRPO, reward 1 when the domain's grader
-says solved) on a task set, then evaluates the untrained and the trained solver on held-out tasks:
-average score, unbiased pass@k, zero-success rate, and paired per-prompt comparisons. Running it
-twice with different ``solve_train.tasks`` (say the trained generator's in-band tasks, then the
-base generator's tasks) and ``solve_train.baseline`` set to the first run's name is the downstream
-test of the claim that frontier tasks are better training data.
+``solve-train`` RL-trains the solver with LoRA (TRL's RLOO or GRPO; reward 1 when the domain's grader
+says solved, or a reward rule of the verdict's markers and verifier score, with replay and RM-GRPO's
+schedule: ``propel_core.reward.SolverRewards``) on a task set, then evaluates the untrained and the
+trained solver on held-out tasks: average score, unbiased pass@k, zero-success rate, and paired
+per-prompt comparisons. Running it twice with different ``solve_train.tasks`` (say the trained
+generator's in-band tasks, then the base generator's tasks) and ``solve_train.baseline`` set to the
+first run's name is the downstream test of the claim that frontier tasks are better training data.
 """
 
 from __future__ import annotations
@@ -18,14 +19,19 @@ from propel_core.backend import prefill, prompt_text
 from propel_core.config import ModelConfig
 from propel_core.errors import NotEnoughData, PropelError
 from propel_core.evaluation import paired_comparison, pass_at_k
-from propel_core.execution import graded_attempts
+from propel_core.execution import graded_attempts, graded_texts
+from propel_core.probes import load_probe
 from propel_core.records import Context, Label, SolverAttempt, Task, iter_jsonl
+from propel_core.replay import ReplayBuffer, replaying
+from propel_core.reward import SolverRewards, verified_corpus
 from propel_core.run import Run, log
 from propel_core.training import (
+    keep_steps_before,
     load_policy,
     lora_config,
     prepare_folder,
     sampled_prompts,
+    step_of,
     train_and_save,
 )
 
@@ -83,23 +89,28 @@ def solve_train(run: Run) -> None:
     sampler = run.registry.context_sampler(
         options.context_sampler, list(contexts.values()), config.seed, **options.sampler_options
     )
-    sampler_log = folder / "sampler_log.jsonl"
-    if checkpoint is None:
-        sampler_log.unlink(missing_ok=True)
-
-    def reward(prompts, completions, prefill, context_id, **_) -> list[float]:
-        verdicts = [
-            domain.grade(tasks[int(i)].payload, start + text)
-            for start, text, i in zip(prefill, completions, context_id, strict=True)
-        ]
-        rewards = [1.0 if verdict.solved else 0.0 for verdict in verdicts]
-        sampler.update([contexts[i] for i in context_id], rewards)
-        if hasattr(sampler, "diagnostics"):
-            with sampler_log.open("a") as handle:
-                handle.write(json.dumps(sampler.diagnostics()) + "\n")
-        return rewards
-
-    reward.__name__ = "grader"
+    for name in ("reward_log.jsonl", "rollouts.jsonl"):  # resuming: what the steps redone wrote goes
+        keep_steps_before(folder / name, step_of(checkpoint))
+    buffer = None
+    if options.replay.strategy != "none":
+        if options.algorithm != "grpo" or domain.multi_turn:
+            raise PropelError("solve_train.replay works with algorithm grpo on a single-turn domain")
+        replay = options.replay
+        buffer = ReplayBuffer(replay.strategy, replay.min_reward, replay.comparison, replay.capacity, config.seed)
+    reward = SolverRewards(
+        domain,
+        tasks,
+        lambda attempts: graded_texts(run, attempts, config.solver),
+        folder,
+        rule=run.registry.reward_rule(options.reward_rule, config.reward) if options.reward_rule else None,
+        reward_model=load_probe(task_file(run, options.reward_model), run.registry) if options.model_steps else None,
+        verifier_steps=options.verifier_steps,
+        model_steps=options.model_steps,
+        sampler=sampler,
+        contexts=contexts,
+        replay=buffer,
+        track=lambda metrics, step: run.track(f"solve/{options.name}", metrics, step),
+    )
     batch = options.per_device_batch
     tokenizer, model, path = load_policy(config.solver)
     solver_messages = lambda context: domain.solver_prompt(tasks[int(context.id)].payload)  # noqa: E731
@@ -125,6 +136,8 @@ def solve_train(run: Run) -> None:
         shuffle_dataset=False,
         disable_tqdm=run.quiet,
     )
+    if buffer is not None:
+        trainer_class = replaying(trainer_class, buffer, options.replay.slots)
     trainer = trainer_class(
         model=model,
         reward_funcs=reward,
@@ -135,6 +148,8 @@ def solve_train(run: Run) -> None:
     )
     train_and_save(trainer, folder, checkpoint)
     del trainer, model
+    verified = verified_corpus(folder, tasks, (config.label.band_low, config.label.band_high))
+    log.info("verified rollouts: %s (rank them with rank.items=attempts rank.labels=...)", verified)
 
     k = options.eval_k
     per_prompt = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shlex
 import tarfile
 import threading
 import time
@@ -33,8 +34,12 @@ class DockerSandbox:
         time_limit: float = 120.0,
         max_output_bytes: int = 1 << 20,
         base_image: str | None = None,
+        hide: list[str] | None = None,
     ):
         self.cpus, self.memory_gb, self.disk_gb, self.pids = cpus, memory_gb, disk_gb, pids
+        self.hide = [str(path) for path in hide or ()]
+        if bad := [path for path in self.hide if not PurePosixPath(path).is_absolute()]:
+            raise PropelError(f"the docker sandbox's hide option names paths in the image, absolute, not {bad[:5]}")
         self.time_limit, self.max_output_bytes, self.base_image = time_limit, max_output_bytes, base_image
         try:
             import docker
@@ -87,6 +92,11 @@ class DockerWorkspace:
                 self.container.put_archive(str(PurePosixPath(workdir).parent), _tar_folder(source, workdir))
             self.container.start()
             self.run(f"mkdir -p {OUT_DIR}")
+            if sandbox.hide:  # the container's own copy of them: gone before any command of the caller runs
+                paths = " ".join(shlex.quote(path) for path in sandbox.hide)
+                removed = self.run(f'rm -rf -- {paths}; for p in {paths}; do test ! -e "$p" || exit 1; done')
+                if not removed.ok:
+                    raise SandboxUnavailable(f"could not delete the hidden paths: {removed.stderr[-300:]}")
         except Exception:
             self.close()
             raise
@@ -120,6 +130,7 @@ class DockerWorkspace:
             self.kill()
             return SandboxResult("timeout", stdout=out, stderr=err, duration=duration, detail="container killed")
         code = api.exec_inspect(exec_id)["ExitCode"]
+        self._reap()
         if code == 124 or code == 137:
             status = "timeout"
         elif capped.is_set():
@@ -128,15 +139,31 @@ class DockerWorkspace:
             status = "ok" if code == 0 else "error"
         return SandboxResult(status, returncode=code, stdout=out, stderr=err, duration=duration)
 
+    def _reap(self) -> None:
+        """Kill every process a command left behind (all but the container's init), as the local
+        sandbox does after each run: nothing outlives its ``run`` to change files while they are read."""
+        api = self.sandbox.client.api
+        with contextlib.suppress(Exception):  # a container killed meanwhile has nothing left
+            api.exec_start(api.exec_create(self.container.id, ["bash", "-c", "kill -KILL -1"])["Id"])
+
     def read(self, path: str, limit: int = 16 << 20) -> bytes:
         import docker
 
         inside = path if path.startswith("/") else f"{self.workdir}/{path}"
         try:
-            stream, _ = self.container.get_archive(inside)
+            stream, stat = self.container.get_archive(inside)
         except docker.errors.NotFound:
             raise FileNotFoundError(inside) from None
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream)[: limit + (1 << 20)])) as tar:
+        if stat.get("mode", 0) & (1 << 31):  # a folder: never fetched whole
+            stream.close()
+            raise PropelError(f"{path} is not a regular file")
+        data = bytearray()
+        for chunk in stream:  # at most the limit and a header's worth, whatever the file's size
+            data += chunk
+            if len(data) > limit + (1 << 20):
+                break
+        stream.close()
+        with tarfile.open(fileobj=io.BytesIO(bytes(data[: limit + (1 << 20)]))) as tar:
             member = tar.next()
             if member is None or not member.isreg():
                 raise PropelError(f"{path} is not a regular file")

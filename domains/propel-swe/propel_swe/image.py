@@ -1,8 +1,8 @@
 """A base image for the docker sandbox, built from this machine's own files, for engines that
 cannot pull from a registry: bash, git, the core utilities, the Python interpreter (standard
 library only) and one virtual environment with a repository's test dependencies, with the shared
-libraries they load. Imported into the engine with ``docker import``; the docker sandbox copies a
-checkout into each container (its ``base_image`` option).
+libraries they and every compiled extension in them load. Imported into the engine with ``docker
+import``; the docker sandbox copies a checkout into each container (its ``base_image`` option).
 """
 
 from __future__ import annotations
@@ -74,7 +74,10 @@ def rootfs(python_env: Path) -> bytes:
     interpreter = os.path.realpath(python_env / "bin" / "python")
     base = Path(interpreter).parent.parent
     binaries.append(interpreter)
+    # compiled extensions load system libraries too (ctypes: libffi; numpy: libstdc++, ...)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for folder in (python_env, base / "lib" / version / "lib-dynload"):
+        binaries += [str(path) for path in folder.rglob("*.so*") if path.is_file() and ".so" in path.suffixes]
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for folder in ("tmp", "testbed", "etc", "root"):
@@ -92,7 +95,7 @@ def rootfs(python_env: Path) -> bytes:
             for p in {*binaries, *shared_libraries(binaries)}
         }
         for name, real in sorted(files.items()):
-            if not name.startswith(f"{base}/"):  # the interpreter's own folders come whole, below
+            if not name.startswith((f"{base}/", f"{python_env}/")):  # those folders come whole, below
                 tar.add(real, arcname=name.lstrip("/"))
         for top in ("/bin", "/lib", "/lib64", "/sbin"):
             if os.path.islink(top):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from swe_helpers import BUG, fenced, scripted, write_registry
 
+from propel_core.errors import PropelError
 from propel_core.plugins import Registry
 from propel_core.testing import wait_until_up
 from propel_plugins.sandbox import SandboxUnavailable
@@ -141,3 +142,63 @@ def test_the_domain_in_docker(engine, tiny_repo, tmp_path):
     nothing = domain.solver_episode(payload, scripted(fenced("submit")))
     assert domain.grade(payload, nothing).solved is False
     assert leftovers(engine) == []
+
+
+@pytest.fixture(scope="session")
+def mle_image(engine):
+    """A base image whose environment has the MLE domain's numpy, pandas and scikit-learn (the
+    versions installed here, from pip's cache when there is one)."""
+    pytest.importorskip("propel_mle")
+    from importlib.metadata import version
+
+    from propel_core.embedded import cache_dir
+    from propel_swe.checkout import python_environment
+    from propel_swe.image import import_image
+
+    packages = [f"{name}=={version(name)}" for name in ("numpy", "pandas", "scikit-learn")]
+    try:
+        env = python_environment(cache_dir() / "mle" / "docker-env", packages)
+    except PropelError as exc:
+        pytest.skip(str(exc))
+    import_image(engine, "propel-mle-test:base", env)
+    return "propel-mle-test:base", env
+
+
+def test_the_mle_domain_in_docker(mle_image):
+    """Seed 002's environment in a container: markers, the held-out score, scikit-learn's data hidden."""
+    from propel_mle.environment import MARKERS
+    from propel_mle.plugin import TASKS, solution
+
+    image, env = mle_image
+    domain = Registry.build().domain(
+        "mle", sandbox="docker", python_env=str(env), sandbox_options={"base_image": image, "disk_gb": None}
+    )
+    iris = TASKS[0]
+    verdict = domain.grade(iris, "```python\n" + solution(iris) + "```")
+    assert verdict.diagnostics["markers"] == list(MARKERS) and verdict.solved is True, verdict.reason
+    verdict = domain.grade(iris, "```python\nimport numpy\nraise SystemExit(3)\n```")
+    assert verdict.diagnostics["markers"] == ["imports"] and verdict.diagnostics["verifier_score"] is None
+    peek = "from sklearn.datasets import load_iris\nload_iris()\n"
+    verdict = domain.grade(iris, f"```python\n{peek}```")
+    assert "sklearn.datasets.data" in verdict.reason, verdict.reason  # the container's copy of the data is gone
+
+
+def test_nothing_outlives_its_command_and_reads_are_bounded(engine, tiny_repo):
+    """A process a command leaves running is killed when the command ends (as in the local sandbox),
+    a large file is read only up to the limit, and a folder is refused without being fetched."""
+    with DockerSandbox(base_image=IMAGE, disk_gb=None).workspace(path=tiny_repo) as ws:
+        ws.run("(while true; do touch /tmp/alive; sleep 0.1; done) > /dev/null 2>&1 &")
+        assert ws.run("rm -f /tmp/alive; sleep 0.5; test ! -e /tmp/alive").returncode == 0
+        ws.run("head -c 50000000 /dev/zero > big.bin && mkdir folder")
+        assert len(ws.read("big.bin", 1000)) == 1000
+        with pytest.raises(PropelError, match="not a regular file"):
+            ws.read("folder")
+    assert leftovers(engine) == []
+
+
+def test_hidden_paths_are_gone_from_every_container(engine, tiny_repo):
+    sandbox = DockerSandbox(base_image=IMAGE, disk_gb=None, hide=["/etc/passwd", "/usr/bin/git"])
+    with sandbox.workspace(path=tiny_repo) as ws:
+        assert ws.run("test ! -e /etc/passwd && test ! -e /usr/bin/git").returncode == 0
+    with pytest.raises(PropelError, match="absolute"):
+        DockerSandbox(base_image=IMAGE, disk_gb=None, hide=["relative/path"])

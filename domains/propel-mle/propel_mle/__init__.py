@@ -1,0 +1,1 @@
+"""Machine-learning engineering (seed 002) as a propel domain."""
