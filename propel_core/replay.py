@@ -61,6 +61,14 @@ class ReplayBuffer:
         self.admitted += 1
         return True
 
+    @classmethod
+    def of(cls, replay, seed: int) -> ReplayBuffer | None:
+        """The buffer a ``ReplayConfig`` (``train.replay``, ``solve_train.replay``) asks for; None for
+        strategy ``none``."""
+        if replay.strategy == "none":
+            return None
+        return cls(replay.strategy, replay.min_reward, replay.comparison, replay.capacity, seed)
+
     def offer(self, step: int, prompts, completions, completion_ids, rewards: list[float]) -> int:
         """Offer a scored batch's fresh generations (replays put back this step are skipped); the
         number of replays in the batch."""

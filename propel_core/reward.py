@@ -33,7 +33,50 @@ def _text(completion) -> str:
     return completion if isinstance(completion, str) else completion[-1]["content"]
 
 
-class RewardScorer:
+def _generations(prompts, completions, prefill) -> list[str]:
+    """Each completion after the prefill its prompt ended with: the whole text the model wrote."""
+    starts = prefill or [prompt_prefill(prompt) for prompt in prompts]
+    return [start + _text(completion) for start, completion in zip(starts, completions, strict=True)]
+
+
+class FeedsBack:
+    """What every reward function of a GRPO run gives back once it has scored a batch, whatever it
+    scores with: the rewards to the context sampler (``sampler``, by ``contexts``), the fresh
+    generations to the replay buffer (``replay``), and what both did to the step's log entry
+    (``log_path``). ``calls`` numbers the calls where TRL gives no trainer state."""
+
+    sampler: ContextSampler | None
+    contexts: dict[str, Context]
+    replay: ReplayBuffer | None
+    log_path: Path | None
+    calls: int
+
+    def step(self, trainer_state) -> int:
+        """The optimizer step this call scores for (and count the call)."""
+        self.calls += 1
+        return trainer_state.global_step if trainer_state is not None else self.calls - 1
+
+    def feed_back(self, step: int, prompts, completions, completion_ids, context_id, rewards: list[float]) -> int:
+        """Give the batch's rewards to the sampler and its fresh generations to the replay buffer; the
+        number of replays in the batch."""
+        if self.sampler is not None and context_id:
+            self.sampler.update([self.contexts[c] for c in context_id], rewards)
+        if self.replay is None or completion_ids is None:
+            return 0
+        return self.replay.offer(step, prompts, completions, completion_ids, rewards)
+
+    def write_log(self, entry: dict[str, Any], replayed: int) -> None:
+        """Add the replay buffer's and the sampler's numbers to ``entry`` and append it to the log."""
+        if self.replay is not None:
+            entry |= {"replayed": replayed, "replay_admitted": self.replay.admitted}
+        if self.sampler is not None and hasattr(self.sampler, "diagnostics"):
+            entry["sampler"] = self.sampler.diagnostics()
+        if self.log_path is not None:
+            with self.log_path.open("a") as handle:
+                handle.write(json.dumps(entry) + "\n")
+
+
+class RewardScorer(FeedsBack):
     """The reward function GRPO calls: ``rule`` on each generation's task and the scores it needs.
 
     ``probes`` are the loaded bundles (main first); ``solve`` labels valid tasks with live solver
@@ -89,10 +132,8 @@ class RewardScorer:
     ) -> list[float]:
         """``generation``: a multi-turn domain's whole trajectories (from the episode rollouts), which
         replace prefill + completion as what the task is parsed from."""
-        step = trainer_state.global_step if trainer_state is not None else self.calls
-        self.calls += 1
-        starts = prefill or [prompt_prefill(prompt) for prompt in prompts]
-        texts = generation or [start + _text(completion) for start, completion in zip(starts, completions, strict=True)]
+        step = self.step(trainer_state)
+        texts = generation or _generations(prompts, completions, prefill)
         tasks = [self.task(i, step, text, context_id) for i, text in enumerate(texts)]
         scores = self.scores(tasks)
         rewards = []
@@ -101,11 +142,7 @@ class RewardScorer:
                 rewards.append(self.overflow_reward)
             else:
                 rewards.append(self.rule(task, scores[i]))
-        if self.sampler is not None and context_id:
-            self.sampler.update([self.contexts[c] for c in context_id], rewards)
-        replayed = 0
-        if self.replay is not None and completion_ids is not None:
-            replayed = self.replay.offer(step, prompts, completions, completion_ids, rewards)
+        replayed = self.feed_back(step, prompts, completions, completion_ids, context_id, rewards)
         self.log(step, tasks, rewards, scores, replayed)
         return rewards
 
@@ -177,13 +214,7 @@ class RewardScorer:
         }
         if "solver_utility" in self.needs:
             entry["solver_attempts"] = self.solver_attempts
-        if self.replay is not None:
-            entry |= {"replayed": replayed, "replay_admitted": self.replay.admitted}
-        if self.sampler is not None and hasattr(self.sampler, "diagnostics"):
-            entry["sampler"] = self.sampler.diagnostics()
-        if self.log_path is not None:
-            with self.log_path.open("a") as handle:
-                handle.write(json.dumps(entry) + "\n")
+        self.write_log(entry, replayed)
 
 
 def reward_scorer(
@@ -216,7 +247,7 @@ def reward_scorer(
     )
 
 
-class SolverRewards:
+class SolverRewards(FeedsBack):
     """The reward of a solver's rollouts in ``solve-train``, and RM-GRPO's schedule (seed 002).
 
     Steps come in cycles of ``verifier_steps`` verifier-scored steps, then ``model_steps`` steps
@@ -279,11 +310,9 @@ class SolverRewards:
     def __call__(
         self, prompts, completions, context_id, prefill=None, completion_ids=None, trainer_state=None, **_
     ) -> list[float]:
-        step = trainer_state.global_step if trainer_state is not None else self.calls
-        self.calls += 1
+        step = self.step(trainer_state)
         started = time.monotonic()
-        starts = prefill or [prompt_prefill(prompt) for prompt in prompts]
-        texts = [start + _text(completion) for start, completion in zip(starts, completions, strict=True)]
+        texts = _generations(prompts, completions, prefill)
         tasks = [self.tasks[int(i)] for i in context_id]
         if self.source(step) == "verifier":
             graded = self.grade(list(zip(tasks, texts, strict=True)))
@@ -299,11 +328,7 @@ class SolverRewards:
             sources = ["reward_model" if ok else "not run" for ok in looks]
             self.verifier_calls_saved += len(texts)
             details = [{} for _ in texts]
-        if self.sampler is not None:
-            self.sampler.update([self.contexts[i] for i in context_id], rewards)
-        replayed = 0
-        if self.replay is not None and completion_ids is not None:
-            replayed = self.replay.offer(step, prompts, completions, completion_ids, rewards)
+        replayed = self.feed_back(step, prompts, completions, completion_ids, context_id, rewards)
         self.write(step, tasks, texts, rewards, sources, details)
         self.log(step, rewards, sources, graded, replayed, time.monotonic() - started)
         return rewards
@@ -367,12 +392,7 @@ class SolverRewards:
                 "solved_rate": sum(bool(a.solved) for a in gradable) / len(gradable) if gradable else None,
                 "ungradable": len(graded) - len(gradable),
             }
-        if self.replay is not None:
-            entry |= {"replayed": replayed, "replay_admitted": self.replay.admitted}
-        if self.sampler is not None and hasattr(self.sampler, "diagnostics"):
-            entry["sampler"] = self.sampler.diagnostics()
-        with self.log_path.open("a") as handle:
-            handle.write(json.dumps(entry) + "\n")
+        self.write_log(entry, replayed)
         if self.track is not None:
             self.track({k: v for k, v in entry.items() if isinstance(v, int | float) and k != "step"}, step)
 

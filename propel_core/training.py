@@ -58,9 +58,7 @@ def train_generator(
     replay = train_config.replay
     if domain.multi_turn and replay.strategy != "none":
         raise PropelError("train.replay works with single-turn domains; set train.replay.strategy: none")
-    buffer = None
-    if replay.strategy != "none":
-        buffer = ReplayBuffer(replay.strategy, replay.min_reward, replay.comparison, replay.capacity, seed)
+    buffer = ReplayBuffer.of(replay, seed)
     trainer_class = replaying(GRPOTrainer, buffer, replay.slots) if buffer else GRPOTrainer  # checks TRL's shape
     sampler = run.context_sampler(seed)
     main_probe = Path(reward.main_probe) if reward.main_probe else run.dir / "probes" / "selected"

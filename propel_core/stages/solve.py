@@ -91,12 +91,9 @@ def solve_train(run: Run) -> None:
     )
     for name in ("reward_log.jsonl", "rollouts.jsonl"):  # resuming: what the steps redone wrote goes
         keep_steps_before(folder / name, step_of(checkpoint))
-    buffer = None
-    if options.replay.strategy != "none":
-        if options.algorithm != "grpo" or domain.multi_turn:
-            raise PropelError("solve_train.replay works with algorithm grpo on a single-turn domain")
-        replay = options.replay
-        buffer = ReplayBuffer(replay.strategy, replay.min_reward, replay.comparison, replay.capacity, config.seed)
+    buffer = ReplayBuffer.of(options.replay, config.seed)
+    if buffer is not None and (options.algorithm != "grpo" or domain.multi_turn):
+        raise PropelError("solve_train.replay works with algorithm grpo on a single-turn domain")
     reward = SolverRewards(
         domain,
         tasks,

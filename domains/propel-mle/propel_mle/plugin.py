@@ -62,6 +62,15 @@ def register_commands(cli):
     def mle():
         """Tools of the MLE domain (docs/mle.md)."""
 
+    def _mle_run(ctx, config: str, overrides: tuple[str, ...], verb: str):
+        """The run of ``propel mle VERB CONFIG overrides`` and its domain, refused unless it is this one."""
+        from propel_core.cli import start
+
+        run = start(ctx, [config], overrides)
+        if run.config.domain.name != "mle":
+            raise PropelError(f"propel mle {verb} needs domain.name: mle, not {run.config.domain.name!r}")
+        return run, run.domain()
+
     @mle.command(context_settings={"ignore_unknown_options": True})
     @click.argument("config", type=click.Path(exists=True, dir_okay=False))
     @click.argument("overrides", nargs=-1)
@@ -69,13 +78,9 @@ def register_commands(cli):
     def tasks(ctx: click.Context, config: str, overrides: tuple[str, ...]) -> None:
         """Write the shipped tasks, checked like generated ones (the reference solution runs on each),
         to RUN/mle/tasks.jsonl: what solve-train trains and evaluates the solver on."""
-        from propel_core.cli import start
         from propel_core.records import JsonlWriter
 
-        run = start(ctx, [config], overrides)
-        if run.config.domain.name != "mle":
-            raise PropelError(f"propel mle tasks needs domain.name: mle, not {run.config.domain.name!r}")
-        domain = run.domain()
+        run, domain = _mle_run(ctx, config, overrides, "tasks")
         path = run.dir / "mle" / "tasks.jsonl"
         path.unlink(missing_ok=True)
         with JsonlWriter(path) as out, run.progress("reference solutions", total=len(TASKS)) as advance:
@@ -103,14 +108,10 @@ def register_commands(cli):
         """Run every script of MODELS on every shipped task and write them, verified, as a labeled corpus
         to RUN/mle/corpus/ (tasks.jsonl, labels.jsonl): seed 002's offline scored solutions, which
         `propel rank rank.items=attempts rank.labels=mle/corpus/labels.jsonl` trains a reward model on."""
-        from propel_core.cli import start
         from propel_core.execution import graded_texts
         from propel_core.records import Label
 
-        run = start(ctx, [config], overrides)
-        if run.config.domain.name != "mle":
-            raise PropelError(f"propel mle corpus needs domain.name: mle, not {run.config.domain.name!r}")
-        domain = run.domain()
+        run, domain = _mle_run(ctx, config, overrides, "corpus")
         tasks = [shipped_task(domain, i) for i in range(count)]
         scripts = [(task, f"```python\n{solution(task.payload, model)}```") for task in tasks for model in MODELS]
         graded = graded_texts(run, scripts, run.config.solver)
