@@ -47,6 +47,7 @@ from typing import Any
 
 from propel_core import hookimpl
 from propel_core.errors import PropelError, Unavailable
+from propel_plugins import bounds
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,10 @@ class LocalSandbox:
             missing.append("bubblewrap (namespaces, read-only filesystem, no network)")
         if os.geteuid() != 0 or self.setpriv is None:
             missing.append("a uid of its own per run and a bounded workdir (needs root and setpriv)")
+        elif why := bounds.missing():
+            missing.append(f"a memory cgroup per run ({why})")
+        if sys.platform == "linux" and bounds.no_user_namespaces() is None:
+            missing.append(f"a seccomp filter against user namespaces (none for {os.uname().machine})")
         return missing
 
     @property
@@ -149,12 +154,12 @@ class LocalSandbox:
         self, files: dict[str, str], main: str, hash_seed: int = 0, time_limit: float | None = None
     ) -> SandboxResult:
         """Run ``python -S -B main`` in a fresh workdir holding ``files``; read ``result.json`` back."""
-        with Cell(self) as cell:
+        with Cell(self) as cell, Launch(self.isolated) as launch:
             workdir = cell.folder
             for name, text in files.items():
                 (workdir / name).write_text(text)  # root-owned: readable, not writable, by the run's uid
-            command, env = self._command(workdir, main, hash_seed, cell.uid)
-            return self._execute(command, env, cell, time_limit or self.time_limit)
+            command, env = self._command(workdir, main, hash_seed, cell.uid, launch)
+            return self._execute(command, env, cell, launch, time_limit or self.time_limit)
 
     def workspace(self, path: Path | None = None, image: str | None = None, workdir: str = "/testbed") -> Workspace:
         """A fresh copy of the checkout at ``path``, seen at ``workdir`` by every command run in it."""
@@ -164,7 +169,9 @@ class LocalSandbox:
 
     # -- the command ------------------------------------------------------------------------------
 
-    def _command(self, workdir: Path, main: str, hash_seed: int, uid: int) -> tuple[list[str], dict[str, str]]:
+    def _command(
+        self, workdir: Path, main: str, hash_seed: int, uid: int, launch: Launch
+    ) -> tuple[list[str], dict[str, str]]:
         """The command line and the environment it starts with.
 
         ``-S -B``: the standard library only (no site-packages, no ``.pth`` start-up code), no
@@ -178,7 +185,7 @@ class LocalSandbox:
             return [*self._limits(), sys.executable, "-S", "-B", main], env
         mounts = ["--ro-bind", sys.base_prefix, PYTHON_MOUNT, "--bind", str(workdir), "/work"]
         env = {**inner, "HOME": "/work", "TMPDIR": "/work"}
-        argv = self._isolated(mounts, "/work", env, [_python_in_mount(), "-S", "-B", main], uid)
+        argv = self._isolated(mounts, "/work", env, [_python_in_mount(), "-S", "-B", main], uid, launch)
         return argv, {"PATH": "/usr/bin:/bin"}
 
     def run_command(
@@ -212,8 +219,9 @@ class LocalSandbox:
             "PYTHONNOUSERSITE": "1",
         }
         time_limit = time_limit or self.time_limit
-        argv = self._isolated(mounts, cwd, env, ["/bin/bash", "-c", command], cell.uid, time_limit)
-        return self._execute(argv, {"PATH": "/usr/bin:/bin"}, cell, time_limit, read_result=False)
+        with Launch(isolated=True) as launch:
+            argv = self._isolated(mounts, cwd, env, ["/bin/bash", "-c", command], cell.uid, launch, time_limit)
+            return self._execute(argv, {"PATH": "/usr/bin:/bin"}, cell, launch, time_limit, read_result=False)
 
     def _limits(self, time_limit: float | None = None) -> list[str]:
         return [
@@ -234,10 +242,13 @@ class LocalSandbox:
         env: dict[str, str],
         argv: list[str],
         uid: int,
+        launch: Launch,
         time_limit: float | None = None,
     ) -> list[str]:
-        """bubblewrap (namespaces, read-only system, ``mounts``), then setpriv, then prlimit, then ``argv``."""
-        command = [self.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+        """bubblewrap (namespaces, read-only system, ``mounts``, the seccomp filter), then the IPC cap,
+        then setpriv, then prlimit, then ``argv``."""
+        command = [self.bwrap, "--seccomp", str(launch.seccomp), "--unshare-ipc", "--unshare-pid", "--unshare-net"]
+        command += ["--unshare-uts"]
         command += ["--unshare-cgroup-try", "--new-session", "--die-with-parent", "--clearenv"]
         command += ["--ro-bind", "/usr", "/usr"]
         for top in ("bin", "lib", "lib64", "sbin"):
@@ -249,20 +260,27 @@ class LocalSandbox:
         command += ["--proc", "/proc", "--dev", "/dev", *mounts, "--chdir", cwd]
         for key, value in env.items():
             command += ["--setenv", key, value]
-        command += [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
+        command += [*bounds.ipc_cap(launch.ready_write), self.setpriv, f"--reuid={uid}", f"--regid={uid}"]
+        command += ["--clear-groups", "--no-new-privs"]
         return [*command, "--bounding-set=-all", "--inh-caps=-all", *self._limits(time_limit), *argv]
 
     # -- running it ---------------------------------------------------------------------------------
 
     def _execute(
-        self, command: list[str], env: dict[str, str], cell: Cell, time_limit: float, read_result: bool = True
+        self,
+        command: list[str],
+        env: dict[str, str],
+        cell: Cell,
+        launch: Launch,
+        time_limit: float,
+        read_result: bool = True,
     ) -> SandboxResult:
         started = time.monotonic()
-        status_read, status_write = os.pipe()
-        if self.isolated:
-            command = [command[0], "--json-status-fd", str(status_write), *command[1:]]
-        cell.reaped = False
+        group = None
         try:
+            if launch.isolated:  # the run's cgroup, joined before bubblewrap starts
+                group = bounds.RunGroup(self.memory_bytes + self.disk_bytes, self.max_processes + EXTRA_TASKS)
+                command = [*group.launcher(), *command]
             process = subprocess.Popen(
                 command,
                 cwd=cell.folder,
@@ -271,18 +289,21 @@ class LocalSandbox:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                pass_fds=(status_write,),
+                pass_fds=launch.passed,
             )
         except OSError as exc:
-            os.close(status_read)
-            os.close(status_write)
+            if group is not None:
+                group.close()
             return SandboxResult("sandbox_error", detail=f"could not start: {exc}")
-        os.close(status_write)
+        launch.started()
         stdout, stderr, stopped = self._collect(process, started + time_limit)
         self._kill(process)
         returncode = process.wait()
-        cell.reap()  # every process of the run is gone before anything is read or removed
-        started_ok = self._container_started(status_read)
+        oom = False
+        if group is not None:  # every process of the run is gone before anything is read or removed
+            cell.stuck |= not group.reap()
+            oom = group.oom_killed()
+            group.close()
         result = SandboxResult(
             status="ok",
             returncode=returncode,
@@ -290,7 +311,7 @@ class LocalSandbox:
             stderr=stderr.decode(errors="replace"),
             duration=time.monotonic() - started,
         )
-        result.status, result.detail = self._classify(result, stopped, started_ok, read_result)
+        result.status, result.detail = self._classify(result, stopped, launch.ready(), oom, read_result)
         if result.status == "ok" and read_result:
             result.status, result.result, result.detail = self._read_result(cell.folder)
         if result.status != "sandbox_error" and (full := cell.exhausted()):
@@ -329,18 +350,13 @@ class LocalSandbox:
         for pipe in (process.stdout, process.stderr):
             pipe.close()
 
-    def _container_started(self, status_read: int) -> bool:
-        with os.fdopen(status_read, "rb") as status:
-            text = status.read().decode(errors="replace")
-        return not self.isolated or '"child-pid"' in text
-
     def _classify(
-        self, result: SandboxResult, stopped: str | None, started_ok: bool, program: bool
+        self, result: SandboxResult, stopped: str | None, started_ok: bool, oom: bool, program: bool
     ) -> tuple[str, str | None]:
         """The status of a run. For a ``program`` (``run_python``) an exit by signal means the limit
         behind it; a command's exit code is whatever the code it ran chose (``exit 152`` is not a CPU
-        limit), so only what the harness itself saw (its deadline, the output cap) is more than an
-        error there."""
+        limit), so only what the harness itself saw (its deadline, the output cap, the kernel's kill
+        at the run's memory bound) is more than an error there."""
         if not started_ok:
             return "sandbox_error", result.stderr.strip()[-500:] or "bubblewrap did not start the program"
         if stopped == "timeout":
@@ -350,6 +366,8 @@ class LocalSandbox:
         code = result.returncode
         if code == 0:
             return "ok", None
+        if oom:
+            return "oom", f"the run's memory bound of {(self.memory_bytes + self.disk_bytes) >> 20} MiB (its cgroup)"
         if not program:
             return "error", f"exit {code}"
         if "MemoryError" in result.stderr[-2000:]:
@@ -404,15 +422,57 @@ def plain_json(data: bytes) -> Any:
     return value
 
 
+class Launch:
+    """The descriptors an isolated run is started with: bubblewrap reads the seccomp program from
+    ``seccomp``, and the IPC cap writes ``ready`` on ``ready_write`` once the run's namespace is capped,
+    just before the run's own code starts. Without isolation there are none."""
+
+    def __init__(self, isolated: bool):
+        self.isolated = isolated
+        self.passed: tuple[int, ...] = ()
+        self._ready = -1
+        if isolated:
+            self.seccomp, write = os.pipe()
+            os.write(write, bounds.no_user_namespaces())
+            os.close(write)
+            self._ready, self.ready_write = os.pipe()
+            self.passed = (self.seccomp, self.ready_write)
+
+    def started(self) -> None:
+        """The child holds its ends now: close ours, so that reading ``ready`` ends when the run does."""
+        for fd in self.passed:
+            os.close(fd)
+        self.passed = ()
+
+    def ready(self) -> bool:
+        """Whether the run's own code started inside a capped namespace (always, without isolation)."""
+        if not self.isolated:
+            return True
+        os.set_blocking(self._ready, False)  # a process that outlived its run must not hang the harness
+        try:
+            return os.read(self._ready, 16) == b"ready\n"
+        except BlockingIOError:
+            return False
+
+    def __enter__(self) -> Launch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in (*self.passed, self._ready):
+            if fd >= 0:
+                os.close(fd)
+        self.passed, self._ready = (), -1
+
+
 class Cell:
     """What one run (or one workspace, over its runs) holds alone: a uid of the sandbox's range,
     locked across threads and processes, and a folder on a tmpfs of its own, ``sandbox.disk_bytes``
     plus ``extra_bytes`` large with ``sandbox.max_files`` plus ``extra_files`` inodes.
 
-    ``reap`` kills every process of the uid and returns once none is left; ``close`` reaps, unmounts
-    and removes the folder, and never raises (a failure is logged; a uid whose processes would not
-    die stays locked for the life of this process). Without every isolation layer the cell is a
-    plain temporary folder under the caller's own uid, with neither budget.
+    ``close`` unmounts and removes the folder, and never raises (a failure is logged). A run whose
+    processes would not die (its cgroup could not be emptied) marks the cell ``stuck``: its uid then
+    stays locked for the life of this process, so no later run shares it. Without every isolation
+    layer the cell is a plain temporary folder under the caller's own uid, with neither budget.
     """
 
     def __init__(self, sandbox: LocalSandbox, extra_bytes: int = 0, extra_files: int = 0):
@@ -420,8 +480,7 @@ class Cell:
         self.folder = self._tmp / "cell"
         self.folder.mkdir()
         self.isolated = sandbox.isolated
-        self._lock, self._mounted = None, False
-        self.reaped = True  # no process has run as its uid yet (a run sets it False until reaped)
+        self._lock, self._mounted, self.stuck = None, False, False
         if not self.isolated:
             self.uid = os.getuid()
             return
@@ -447,35 +506,19 @@ class Cell:
             return f"the workdir's {stats.f_files} files are used up"
         return None
 
-    def reap(self) -> bool:
-        """Kill every process of the uid until none is left (zombies aside); False if some survive."""
-        if not self.isolated or self.reaped:
-            return True
-        deadline = time.monotonic() + 5.0
-        while pids := _processes_of(self.uid):
-            if time.monotonic() > deadline:
-                log.error("sandbox uid %d: processes %s survive SIGKILL; the uid stays locked", self.uid, pids)
-                return False
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.005)
-        self.reaped = True
-        return True
-
     def close(self) -> None:
         try:
-            gone = self.reap()
             if self._mounted:
                 if _libc.umount2(str(self.folder).encode(), MNT_DETACH) != 0:
                     log.warning("could not unmount %s: %s", self.folder, os.strerror(ctypes.get_errno()))
                 self._mounted = False
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            remove_tree(self._tmp)
             if self._lock is not None:
-                if gone:
-                    os.close(self._lock)
-                else:
+                if self.stuck:
+                    log.error("sandbox uid %d: a run's processes survived SIGKILL; the uid stays locked", self.uid)
                     _STUCK.append(self._lock)
+                else:
+                    os.close(self._lock)
                 self._lock = None
         except Exception:  # cleanup never raises into the caller
             log.exception("sandbox cleanup of %s failed", self._tmp)
@@ -487,9 +530,26 @@ class Cell:
         self.close()
 
 
+def remove_tree(path: Path) -> None:
+    """Delete a folder and all it holds, at any depth, following no link, never raising: ``rm -rf``
+    walks the tree iteratively (a chain of folders thousands deep, which breaks a recursive walk and
+    exceeds PATH_MAX, is removed too). What cannot be removed is logged."""
+    try:
+        done = subprocess.run(
+            ["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True, stdin=subprocess.DEVNULL
+        )
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)
+        return
+    if done.returncode != 0:
+        log.warning("could not remove all of %s: %s", path, done.stderr.decode(errors="replace").strip()[-300:])
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
 _STUCK: list[int] = []  # lock descriptors of uids whose processes did not die: never released
+#: tasks a run's cgroup allows beyond ``max_processes``: the launcher, bubblewrap's two, the IPC cap
+EXTRA_TASKS = 8
 _UID_LOCKS = Path(tempfile.gettempdir()) / "propel-uid-locks"
 _lease_guard = threading.Lock()
 
@@ -516,24 +576,6 @@ def _mount_tmpfs(folder: Path, size: int, inodes: int, uid: int) -> None:
     if _libc.mount(b"tmpfs", str(folder).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
         code = ctypes.get_errno()
         raise SandboxUnavailable(f"could not mount a tmpfs for the workdir: {os.strerror(code)}")
-
-
-def _processes_of(uid: int) -> list[int]:
-    """Live (not zombie) processes with ``uid`` as their real, effective or saved uid (read from
-    ``status``: a process can hide the owner of its ``/proc`` folder, not its credentials)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status", "rb") as handle:
-                fields = dict(line.split(b":", 1) for line in handle.read().splitlines() if b":" in line)
-        except OSError:
-            continue
-        uids = fields.get(b"Uid", b"").split()[:3]
-        if str(uid).encode() in uids and fields.get(b"State", b"").split()[:1] not in ([b"Z"], [b"X"]):
-            found.append(int(name))
-    return found
 
 
 OUT_DIR = "/propel-out"  # a writable folder outside the checkout, in every workspace
@@ -571,7 +613,7 @@ class Workspace:
         """Run ``command`` with an empty ``/tmp`` of its own (inside the workspace's budget), so that
         nothing one run leaves there reaches the next."""
         tmp = self._cell.folder / "tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         tmp.mkdir(mode=0o1777)
         os.chmod(tmp, 0o1777)
         binds = {"/tmp": tmp, **self.roots}

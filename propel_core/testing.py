@@ -21,6 +21,9 @@ Fixtures:
 - ``propel_ray_cluster``: a real two-node Ray cluster on this machine (each node: 2 CPUs and
   ``sandbox: 2``), started once a session and connected; skipped where Ray is not installed.
 
+For sandbox authors, ``MEMORY_PINNERS``: hostile programs (name -> Python source) that try to pin
+host memory past an address-space limit; each writes the MiB it holds at the end to ``result.json``.
+
 Every fixture's name starts with ``propel_``, so none shadows or is shadowed by a fixture of a
 generic name (``registry``, ``plugin_manager``) in the test suite that uses them.
 
@@ -43,6 +46,81 @@ from pathlib import Path
 import pytest
 
 from propel_core.plugins import Registry, get_plugin_manager
+
+#: Python programs that each try to pin about 1 GiB of host memory in a way an address-space limit
+#: does not count, and write to ``result.json`` how many MiB they hold at the end. A sandbox plugin
+#: must end each run with at most its memory bound pinned, or stop the run for going over it.
+_PIN = """\
+import ctypes, json, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+done = 0
+try:
+{body}
+except (OSError, MemoryError):
+    pass
+with open("result.json", "w") as out:
+    json.dump(done, out)
+"""
+# each child pins 180 MiB and stops; what is pinned at the end is what the stopped children still
+# hold (the kernel may kill earlier ones to make room for later ones)
+_CHILDREN = """\
+    kids = []
+    for _ in range(6):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                {pin}
+            except BaseException:
+                os._exit(1)
+            os.kill(os.getpid(), 19)
+            os._exit(0)
+        if os.WIFSTOPPED(os.waitpid(pid, os.WUNTRACED)[1]):
+            kids.append(pid)
+    done = 180 * sum(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid in kids)
+"""
+MEMORY_PINNERS = {
+    "sysv shared memory, detached": """\
+    for _ in range(16):
+        segment = libc.shmget(0, 64 << 20, 0o1600)
+        if segment < 0:
+            break
+        address = libc.shmat(segment, None, 0)
+        ctypes.memset(address, 1, 64 << 20)
+        libc.shmdt(ctypes.c_void_p(address))
+        done += 64
+""",
+    "memfd files under the file-size limit": """\
+    kept = []
+    for _ in range(40):
+        fd = os.memfd_create("x")
+        for _ in range(15):
+            os.write(fd, b"x" * (1 << 20))
+        kept.append(fd)
+        done += 15
+""",
+    "children each under the address-space limit": _CHILDREN.format(
+        pin="block = bytearray(180 << 20)\n                block[::4096] = b'x' * len(block[::4096])"
+    ),
+    "shared anonymous mappings in children": _CHILDREN.format(
+        pin="area = mmap.mmap(-1, 180 << 20, flags=mmap.MAP_SHARED)\n"
+        "                for _ in range(180):\n                    area.write(b'y' * (1 << 20))"
+    ),
+    "a tmpfs in a new user namespace": """\
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(0x10000000 | 0x20000) == 0:  # CLONE_NEWUSER | CLONE_NEWNS
+        open("/proc/self/setgroups", "w").write("deny")
+        open("/proc/self/uid_map", "w").write(f"0 {uid} 1")
+        open("/proc/self/gid_map", "w").write(f"0 {gid} 1")
+        os.makedirs("m", exist_ok=True)
+        if libc.mount(b"none", b"m", b"tmpfs", 0, b"size=2g") == 0:
+            for i in range(64):
+                with open(f"m/f{i}", "wb") as out:
+                    out.write(b"z" * (16 << 20))
+                done += 16
+""",
+}
+MEMORY_PINNERS = {name: _PIN.format(body=body) for name, body in MEMORY_PINNERS.items()}
 
 
 @pytest.fixture

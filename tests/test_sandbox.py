@@ -1,6 +1,8 @@
 """The local sandbox: result statuses, isolation facts, and failing closed."""
 
 import json
+import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from propel_core.errors import PropelError
+from propel_core.testing import MEMORY_PINNERS
 from propel_plugins.sandbox import STATUSES, LocalSandbox, SandboxUnavailable, plain_json
 
 
@@ -174,3 +177,83 @@ def test_result_must_round_trip(sandbox, text):
 def test_plain_json_keeps_plain_data():
     data = {"a": [1, -0.5, 1e300, "é", None, True], "b": {}}
     assert plain_json(json.dumps(data).encode()) == data
+
+
+@pytest.mark.parametrize("name", MEMORY_PINNERS)
+def test_the_memory_bound_counts_what_address_space_limits_miss(sandbox, name):
+    bound = (sandbox.memory_bytes + sandbox.disk_bytes) >> 20
+    result = run(sandbox, MEMORY_PINNERS[name], time_limit=20)
+    assert result.status in ("ok", "oom", "error"), (result.status, result.detail, result.stderr[-300:])
+    pinned = result.result if result.status == "ok" else None
+    assert pinned is None or pinned <= bound, f"{name}: {pinned} MiB pinned under a bound of {bound} MiB"
+    if name == "a tmpfs in a new user namespace":
+        assert result.status == "ok" and pinned == 0  # the namespace is refused outright
+
+
+def test_user_namespaces_and_sysv_ipc_are_refused_or_tiny(sandbox):
+    code = (
+        "import ctypes, json, os, subprocess\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "facts = {'unshare': libc.unshare(0x10000000), 'errno': ctypes.get_errno(),\n"
+        "         'big_segment': libc.shmget(0, 2 << 20, 0o1600), 'small_segment': libc.shmget(0, 256 << 10, 0o1600),\n"
+        "         'shmmax': open('/proc/sys/kernel/shmmax').read().strip(),\n"
+        "         'fork': subprocess.run(['/bin/true']).returncode}\n"
+        "json.dump(facts, open('result.json', 'w'))\n"
+    )
+    facts = run(sandbox, code).result
+    assert (facts["unshare"], facts["errno"]) == (-1, 1)  # EPERM
+    assert facts["big_segment"] == -1 and facts["small_segment"] >= 0
+    assert facts["shmmax"] == "1048576" and facts["fork"] == 0
+    assert int(Path("/proc/sys/kernel/shmmax").read_text()) > 1 << 20  # the host's own is untouched
+
+
+def test_runs_leave_no_cgroup_behind(sandbox):
+    from propel_plugins import bounds
+
+    for code in ("while True:\n    pass", RESULT.format(value="1")):
+        run(sandbox, code, time_limit=0.5)
+    found = bounds.hierarchy()
+    left = [
+        path.name for folder in {found.memory, found.pids} for path in folder.glob(f"{bounds.PREFIX}{os.getpid()}-*")
+    ]
+    assert left == []
+
+
+def test_refuses_without_a_memory_cgroup(monkeypatch):
+    from propel_plugins import bounds
+
+    monkeypatch.setattr(bounds, "hierarchy", lambda: "no cgroup hierarchy with a memory controller is mounted")
+    with pytest.raises(SandboxUnavailable, match=r"missing: a memory cgroup per run \(no cgroup hierarchy"):
+        LocalSandbox()
+
+
+def test_repository_commands_have_the_same_memory_bound(tmp_path):
+    box = LocalSandbox(time_limit=20, memory_mb=256, disk_mb=64)
+    if box.missing_layers():
+        pytest.skip(f"needs: {box.missing_layers()}")
+    bound = (box.memory_bytes + box.disk_bytes) >> 20
+    with box.workspace(tmp_path) as ws:
+        for name, program in MEMORY_PINNERS.items():
+            ws.write("pin.py", program.encode())
+            result = ws.run("rm -f result.json; python -S pin.py")
+            assert result.status in ("ok", "oom", "error"), (name, result.status, result.stderr[-300:])
+            if result.status == "ok":
+                assert json.loads(ws.read("result.json")) <= bound, name
+
+
+def test_a_folder_chain_of_any_depth_is_cleaned_up(sandbox, tmp_path):
+    """A chain of folders far deeper than a recursive walk or PATH_MAX allows, left in a command's
+    /tmp and in the checkout: the next command starts with an empty /tmp, and closing removes all."""
+    build = "import os\nfor _ in range(1500):\n    os.mkdir('d' * 12)\n    os.chdir('d' * 12)\nprint('built')"
+    chain = f"python -S -c {shlex.quote(build)}"  # 19,500 characters deep
+    with sandbox.workspace(tmp_path) as ws:
+        assert ws.run(f"cd /tmp && {chain}", time_limit=60).stdout == "built\n"
+        assert ws.run("ls -A /tmp | wc -l").stdout.strip() == "0"
+        assert ws.run(chain, time_limit=60).stdout == "built\n"
+    assert not list(Path(tempfile.gettempdir()).glob("propel-sandbox-*"))
+    unisolated = tmp_path / "plain"
+    unisolated.mkdir()
+    from propel_plugins.sandbox import remove_tree
+
+    subprocess.run(["bash", "-c", chain], cwd=unisolated, check=True, capture_output=True)
+    remove_tree(unisolated)
+    assert not unisolated.exists()

@@ -1,11 +1,14 @@
 """The ``docker`` sandbox: one fresh container per episode, from the repository's image.
 
 Each workspace is a new container with the network off, every capability dropped, no new
-privileges, and CPU, memory, process and (where the engine's storage driver supports it) disk
-limits; it is removed when the workspace closes, whatever happened. Commands run with ``docker
-exec`` under ``timeout`` inside the container; a command that outlives its limit anyway gets the
-whole container killed (never a host PID). ``DOCKER_HOST`` may point at a remote engine; the engine
-socket is never mounted into a container.
+privileges, the engine's default seccomp profile (no new user namespaces), a private IPC namespace
+with a bounded ``/dev/shm``, and CPU, memory, process and (where the engine's storage driver
+supports it) disk limits; it is removed when the workspace closes, whatever happened. The memory
+limit is the container's cgroup, swap included: it counts anonymous memory, tmpfs and ``/dev/shm``,
+SysV segments and memfd files alike, and a command the kernel kills for going over it ends ``oom``.
+Commands run with ``docker exec`` under ``timeout`` inside the container; a command that outlives
+its limit anyway gets the whole container killed (never a host PID). ``DOCKER_HOST`` may point at
+a remote engine; the engine socket is never mounted into a container.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from propel_core.errors import PropelError
 from propel_plugins.sandbox import OUT_DIR, SandboxResult, SandboxUnavailable
 
 LABEL = "propel.workspace"
+SHM_BYTES = 64 << 20  # /dev/shm, inside the memory limit like everything else
+KILLED = 128 + 9  # the exit status of a command that ended by SIGKILL, as the OOM killer ends one
+#: where a container's own cgroup counts the kills at its memory limit (cgroup v2, then v1)
+OOM_COUNT = "cat /sys/fs/cgroup/memory.events 2>/dev/null || cat /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
 
 
 class DockerSandbox:
@@ -63,6 +70,8 @@ class DockerSandbox:
             nano_cpus=int(self.cpus * 1e9),
             mem_limit=f"{int(self.memory_gb * 1024)}m",
             memswap_limit=f"{int(self.memory_gb * 1024)}m",
+            ipc_mode="private",
+            shm_size=SHM_BYTES,
             pids_limit=self.pids,
         )
         if self.disk_gb is not None:
@@ -75,7 +84,7 @@ class DockerWorkspace:
         import docker
 
         self.sandbox, self.workdir = sandbox, workdir
-        self.alive = True
+        self.alive, self.oom_kills = True, 0
         try:
             self.container = sandbox.client.containers.create(
                 image, command=["sleep", "infinity"], working_dir="/", labels={LABEL: "1"}, **sandbox.host_config()
@@ -131,13 +140,30 @@ class DockerWorkspace:
             return SandboxResult("timeout", stdout=out, stderr=err, duration=duration, detail="container killed")
         code = api.exec_inspect(exec_id)["ExitCode"]
         self._reap()
-        if code == 124 or code == 137:
+        # the code's own exit status is its choice (``exit 124`` is no timeout): only what the harness
+        # saw itself counts, the deadline passed, the output cap, a kill the container's cgroup counted
+        if code != 0 and duration >= limit:
             status = "timeout"
         elif capped.is_set():
             status = "output_limit"
+        elif code == KILLED and self._killed_for_memory():
+            status = "oom"
         else:
             status = "ok" if code == 0 else "error"
         return SandboxResult(status, returncode=code, stdout=out, stderr=err, duration=duration)
+
+    def _killed_for_memory(self) -> bool:
+        """Whether the kernel killed a process at the memory limit since the last time we asked."""
+        api = self.sandbox.client.api
+        try:
+            text = api.exec_start(api.exec_create(self.container.id, ["sh", "-c", OOM_COUNT])["Id"]).decode()
+        except Exception:  # a container killed meanwhile counts nothing more
+            return False
+        kills = [int(line.split()[1]) for line in text.splitlines() if line.startswith("oom_kill ")]
+        if not kills or kills[0] <= self.oom_kills:
+            return False
+        self.oom_kills = kills[0]
+        return True
 
     def _reap(self) -> None:
         """Kill every process a command left behind (all but the container's init), as the local

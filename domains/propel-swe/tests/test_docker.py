@@ -21,7 +21,7 @@ from swe_helpers import BUG, fenced, scripted, write_registry
 
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
-from propel_core.testing import wait_until_up
+from propel_core.testing import MEMORY_PINNERS, wait_until_up
 from propel_plugins.sandbox import SandboxUnavailable
 from propel_swe.docker_sandbox import LABEL, DockerSandbox
 
@@ -202,3 +202,19 @@ def test_hidden_paths_are_gone_from_every_container(engine, tiny_repo):
         assert ws.run("test ! -e /etc/passwd && test ! -e /usr/bin/git").returncode == 0
     with pytest.raises(PropelError, match="absolute"):
         DockerSandbox(base_image=IMAGE, disk_gb=None, hide=["relative/path"])
+
+
+def test_the_memory_limit_counts_what_address_space_limits_miss(engine, tiny_repo):
+    """The container's cgroup bounds every way of pinning memory (propel_core.testing's hostile
+    programs), and a command's own exit status is never read as one of the harness's limits."""
+    bound_mib = 256
+    with DockerSandbox(base_image=IMAGE, disk_gb=None, memory_gb=bound_mib / 1024).workspace(path=tiny_repo) as ws:
+        for name, program in MEMORY_PINNERS.items():
+            ws.write("pin.py", program.encode())
+            result = ws.run("rm -f result.json; python pin.py", time_limit=60)
+            assert result.status in ("ok", "oom", "error"), (name, result.status, result.stderr[-300:])
+            if result.status == "ok":
+                pinned = json.loads(ws.read("result.json"))
+                assert pinned <= bound_mib, f"{name}: {pinned} MiB pinned under a limit of {bound_mib} MiB"
+        assert ws.run("python -c 'b = bytearray(1 << 30); b[::4096] = b\"x\" * len(b[::4096])'").status == "oom"
+        assert ws.run("exit 124").status == "error" and ws.run("exit 137").status == "error"
