@@ -156,8 +156,10 @@ class LocalSandbox:
         """Run ``python -S -B main`` in a fresh workdir holding ``files``; read ``result.json`` back."""
         with Cell(self) as cell, Launch(self.isolated) as launch:
             workdir = cell.folder
-            for name, text in files.items():
-                (workdir / name).write_text(text)  # root-owned: readable, not writable, by the run's uid
+            for name, text in files.items():  # root-owned: readable, not writable, by the run's uid
+                # as UTF-8, lone surrogates kept as the invalid bytes they stand for: the program fails
+                # on them as it would on such a file, and the harness does not
+                (workdir / name).write_bytes(text.encode("utf-8", "surrogatepass"))
             command, env = self._command(workdir, main, hash_seed, cell.uid, launch)
             return self._execute(command, env, cell, launch, time_limit or self.time_limit)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from propel_core.errors import Unavailable
-from propel_core.records import Context, SolverAttempt, Task, Validity
+from propel_core.records import Context, SolverAttempt, Task, Validity, check_value
 
 if TYPE_CHECKING:
     from propel_core.contracts import ValidityPredicate
@@ -136,13 +136,17 @@ def make_task(
     predicates: dict[str, ValidityPredicate],
 ) -> Task:
     """Parse, render and check one generation. Never raises on what the model wrote: a parser,
-    renderer or predicate that fails unexpectedly rejects the task with the error as its reason."""
+    renderer or predicate that fails unexpectedly rejects the task with the error as its reason, and
+    a payload a record cannot hold exactly (``records.check_value``: too deep, a non-finite number...)
+    is rejected at parse time, so the task stored is always the task checked."""
     fields: dict[str, Any] = dict(
         id=task_id, domain=domain.name, context_id=context.id, generation=generation, generator=generator
     )
     step = "parse"
     try:
         payload = domain.parse(generation)
+        if problem := check_value(payload, "payload"):
+            raise ParseError(f"the task cannot be recorded exactly: {problem}")
         step = "render"
         task = Task(
             **fields, payload=payload, text=domain.render(payload), topic=domain.topic(payload), validity=Validity.ok()
@@ -152,6 +156,8 @@ def make_task(
             if not validity.valid:
                 task.validity = Validity.reject(f"{step}: {validity.reason}")
                 break
+        if problem := check_value(task.payload, "payload") or check_value(task.text, "text"):
+            return Task(**fields, validity=Validity.reject(f"record: the checked task cannot be stored: {problem}"))
     except ParseError as exc:
         return Task(**fields, validity=Validity.reject(f"parse: {exc}"))
     except Unavailable:
@@ -167,6 +173,8 @@ def grade_attempt(domain: Domain, task: Task, text: str) -> SolverAttempt:
     the attempt ungradable, with the error as its reason, instead of ending the stage."""
     try:
         verdict = domain.grade(task.payload, text)
+        if problem := check_value(verdict.diagnostics, "diagnostics"):
+            raise ValueError(f"its verdict cannot be recorded: {problem}")
     except Unavailable:
         raise
     except Exception as exc:

@@ -27,7 +27,7 @@ from propel_core.backend import prefill
 from propel_core.config import DomainConfig, LabelConfig, ModelConfig, Sampling
 from propel_core.domain import Messages, Reply, grade_attempt, make_task
 from propel_core.errors import PropelError
-from propel_core.records import Context, JsonlWriter, Label, Record, SolverAttempt, Task, iter_jsonl
+from propel_core.records import Context, JsonlWriter, Label, Record, SolverAttempt, Task, Validity, iter_jsonl
 
 if TYPE_CHECKING:
     from propel_core.plugins import Registry
@@ -139,7 +139,12 @@ class Worker:
         return self.backend.generate(prompts, sampling, n=n, seed=seed)
 
     def run(self, job: Job, generate: Generate | None = None) -> SolverAttempt | Task:
-        """Run one job; ``generate`` replaces the backend's (the local executor's batched turns)."""
+        """Run one job; ``generate`` replaces the backend's (the local executor's batched turns).
+
+        Nothing a model does ends the stage: an episode that fails unexpectedly (the domain's agent
+        loop raising on what a tool call left behind, say) costs its own record, a rejected task or
+        an ungradable attempt (the harness failed, not the solver) with the error as its reason. A
+        ``PropelError`` (a backend that cannot answer, a sandbox layer missing) still stops the run."""
         domain = self.domain
         if isinstance(job, Grading):
             return grade_attempt(domain, job.task, job.text)
@@ -148,14 +153,40 @@ class Worker:
         reply = model_reply(generate or self.generate, self.sampling, job.seed)
         if isinstance(job, Attempt):
             payload = job.task.payload
-            text = domain.solver_episode(payload, reply) if domain.multi_turn else reply(domain.solver_prompt(payload))
+            try:
+                if domain.multi_turn:
+                    text = domain.solver_episode(payload, reply)
+                else:
+                    text = reply(domain.solver_prompt(payload))
+            except PropelError:
+                raise
+            except Exception as exc:
+                log.warning("task %s: a solver episode failed: %s: %s", job.task.id, type(exc).__name__, exc)
+                return SolverAttempt(text="", solved=None, reason=f"episode failed: {_error(exc)}")
             return grade_attempt(domain, job.task, text)
-        if domain.multi_turn:
-            generation = domain.episode(job.context, reply, job.seed)
-        else:
-            generation = reply(domain.generator_prompt(job.context))
+        try:
+            if domain.multi_turn:
+                generation = domain.episode(job.context, reply, job.seed)
+            else:
+                generation = reply(domain.generator_prompt(job.context))
+        except PropelError:
+            raise
+        except Exception as exc:
+            log.warning("task %s: a generator episode failed: %s: %s", job.task_id, type(exc).__name__, exc)
+            return Task(
+                id=job.task_id,
+                domain=domain.name,
+                context_id=job.context.id,
+                generation="",
+                validity=Validity.reject(f"episode failed: {_error(exc)}"),
+                generator=self.model.model_id,
+            )
         predicates = {name: self.registry.get("validity_predicates", name) for name in domain.validity_predicates}
         return make_task(job.task_id, domain, job.context, generation, self.model.model_id, predicates)
+
+
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def no_model(prompts, sampling, n=1, seed=None) -> list[list[str]]:

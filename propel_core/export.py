@@ -3,16 +3,17 @@
 ``datasets`` also reads the run's JSONL files as they are (``load_dataset("json", data_files=...)``);
 the export gives them one flat, typed shape instead: one split per task file (``corpus`` from
 ``RUN/tasks.jsonl``, ``eval_ARM`` from each ``RUN/eval/ARM/tasks.jsonl``), one row per task with its
-label joined in (empty where the task has none), nested data as JSON text.
+label joined in (empty where the task has none), nested data as JSON text. Arrow's strings must be
+valid UTF-8, so a string a model wrote that is not (a lone surrogate) is exported with ``\\u``
+escapes in its place; the run's own files keep it exactly.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from propel_core.errors import PropelError
-from propel_core.records import Label, Task, iter_jsonl
+from propel_core.records import Label, Task, iter_jsonl, to_json
 
 
 def task_files(run_dir: Path) -> dict[str, Path]:
@@ -35,11 +36,11 @@ def rows(tasks: Path) -> list[dict]:
                 "domain": task.domain,
                 "context_id": task.context_id,
                 "generator": task.generator,
-                "generation": task.generation,
-                "text": json.dumps(task.text) if isinstance(task.text, list) else task.text,
-                "payload": None if task.payload is None else json.dumps(task.payload),
+                "generation": utf8(task.generation),
+                "text": to_json(task.text) if isinstance(task.text, list) else utf8(task.text),
+                "payload": None if task.payload is None else to_json(task.payload),
                 "valid": task.validity.valid,
-                "rejection": task.validity.reason,
+                "rejection": utf8(task.validity.reason),
                 "topic": task.topic,
                 "labeled": label is not None,
                 "solved": [a.solved for a in label.attempts] if label else [],
@@ -49,6 +50,17 @@ def rows(tasks: Path) -> list[dict]:
             }
         )
     return out
+
+
+def utf8(text: str | None) -> str | None:
+    """``text``, with ``\\u`` escapes for what is not valid UTF-8 (Arrow refuses it)."""
+    if text is None:
+        return None
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 def export(run_dir: Path, to: Path) -> dict[str, int]:

@@ -1,14 +1,26 @@
-"""Typed records shared by all stages, and the JSONL files they live in.
+"""Typed records shared by all stages, the codec that writes them, and the JSONL files they live in.
 
 Stage files are JSON Lines a user can open in any editor: one record a line, each line written whole
 and flushed, so a crash leaves at most one torn final line, which readers skip and writers cut off
 before appending. A write that fails (a full disk) is cut back at once and reported as a PropelError
 naming the file.
+
+Everything in a record may come from a model, so the codec is exact or it refuses, never lossy:
+``encode`` writes any string, including one that is not valid UTF-8 (a lone surrogate, or the escapes
+``os.fsdecode`` makes of a file name's undecodable bytes), as ``\\u`` escapes where it must, and
+refuses a non-finite number instead of writing ``null``; ``decode`` reads back exactly what was
+written, at any depth ``check_value`` allows. ``check_value`` says why a value a model produced
+cannot be stored as it is (nested deeper than ``MAX_DEPTH``, a non-finite number, an integer of more
+than ``MAX_INT_DIGITS`` digits, more than ``MAX_VALUE_BYTES`` in all, a type JSON does not have);
+``domain.make_task`` rejects such a task at parse time with that reason.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +29,77 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from propel_core.errors import PropelError, file_error
+
+log = logging.getLogger("propel")
+
+MAX_DEPTH = 64  # lists and objects nested in one value a model wrote
+MAX_INT_DIGITS = 1000
+MAX_VALUE_BYTES = 4 << 20  # the strings and numbers of one value, roughly as JSON writes them
+
+
+def check_value(value: Any, where: str = "$") -> str | None:
+    """Why ``value`` cannot be stored in a record exactly as it is, or None when it can: only JSON's
+    own types (dict with str keys, list, str, int, float, bool, None), finite numbers, integers of at
+    most ``MAX_INT_DIGITS`` digits, at most ``MAX_DEPTH`` levels and ``MAX_VALUE_BYTES`` bytes. Any
+    string is fine. Iterative, so no depth breaks the check itself."""
+    size = 0
+    pending = [(value, where, 0)]
+    while pending:
+        item, path, depth = pending.pop()
+        kind = type(item)
+        if kind is str:
+            size += len(item) + 2
+        elif item is None or kind is bool:
+            size += 5
+        elif kind is int:
+            if item.bit_length() > MAX_INT_DIGITS * 3.33:
+                return f"an integer of more than {MAX_INT_DIGITS} digits at {path}"
+            size += item.bit_length() // 3 + 1
+        elif kind is float:
+            if not math.isfinite(item):
+                return f"a non-finite number ({item}) at {path}"
+            size += 24
+        elif kind is list or kind is dict:
+            if depth >= MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels at {path}"
+            if kind is dict:
+                if bad := [key for key in item if type(key) is not str]:
+                    return f"a key of type {type(bad[0]).__name__} at {path}"
+                pending += [(child, f"{path}.{key}"[:200], depth + 1) for key, child in item.items()]
+                size += sum(len(key) + 4 for key in item)
+            else:
+                pending += [(child, f"{path}[{i}]"[:200], depth + 1) for i, child in enumerate(item)]
+            size += 2
+        else:
+            return f"a {kind.__name__} at {path} (records hold JSON values only)"
+        if size > MAX_VALUE_BYTES:
+            return f"more than {MAX_VALUE_BYTES >> 20} MiB"
+    return None
+
+
+def to_json(data: Any, **options: Any) -> str:
+    """JSON text for plain data, exact: a string that is not valid UTF-8 makes the text use ``\\u``
+    escapes (so the text can always be written as UTF-8); a non-finite number raises ValueError."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, **options)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(data, ensure_ascii=True, allow_nan=False, **options)
+    return text
+
+
+def encode(record: BaseModel) -> bytes:
+    """One JSONL line (without its newline) that ``decode`` reads back as an equal record; ValueError
+    when the record holds what JSON cannot say exactly (a non-finite number)."""
+    return to_json(record.model_dump()).encode()
+
+
+R = TypeVar("R", bound=BaseModel)
+
+
+def decode(line: bytes | str, record: type[R]) -> R:
+    """The record ``encode`` wrote; ValueError when the line is not one."""
+    return record.model_validate(json.loads(line))
 
 
 class Record(BaseModel):
@@ -125,9 +208,6 @@ class ProbeBundle(Record):
     calibration: dict[str, float] | None = None
 
 
-R = TypeVar("R", bound=BaseModel)
-
-
 def iter_jsonl(path: str | Path, record: type[R]) -> Iterator[R]:
     """Every complete record of a JSONL file, in order (none when it does not exist); a torn final line
     (from a crash) is skipped."""
@@ -140,15 +220,16 @@ def iter_jsonl(path: str | Path, record: type[R]) -> Iterator[R]:
                 return  # torn by a crash mid-write
             if line.strip():
                 try:
-                    yield record.model_validate_json(line)
-                except ValueError as exc:
+                    yield decode(line, record)
+                except (ValueError, RecursionError) as exc:
                     raise PropelError(f"{path}:{number}: not a valid {record.__name__} record: {exc}") from None
 
 
 class JsonlWriter:
     """Appends records to a JSONL file, one whole flushed line each; cuts off a torn tail first. A write
     that fails (a full disk) is undone, so the file keeps every earlier record and no partial line, and
-    an OSError opening or writing the file becomes a PropelError naming it."""
+    an OSError opening or writing the file becomes a PropelError naming it. A record the codec cannot
+    write exactly costs that record alone: it is skipped with a warning, and ``write`` says False."""
 
     def __init__(self, path: str | Path, fsync: bool = True):
         self.path = Path(path)
@@ -161,8 +242,12 @@ class JsonlWriter:
         except OSError as exc:
             raise file_error(exc.filename or self.path, exc) from None
 
-    def write(self, record: BaseModel) -> None:
-        line = memoryview(record.model_dump_json().encode() + b"\n")
+    def write(self, record: BaseModel) -> bool:
+        try:
+            line = memoryview(encode(record) + b"\n")
+        except (ValueError, RecursionError) as exc:
+            log.warning("%s: a %s record was not written: %s", self.path.name, type(record).__name__, exc)
+            return False
         try:
             written = 0
             while written < len(line):
@@ -174,6 +259,7 @@ class JsonlWriter:
                 self._file.truncate(self._size)  # no partial line: the file ends after the last whole record
             raise file_error(self.path, exc) from None
         self._size += len(line)
+        return True
 
     def close(self) -> None:
         self._file.close()

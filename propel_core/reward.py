@@ -22,7 +22,7 @@ from propel_core.contracts import ContextSampler, RewardRule, reads_probe
 from propel_core.domain import Domain, make_task
 from propel_core.errors import PropelError
 from propel_core.probes import ProbeScorer, load_probe
-from propel_core.records import Context, Label, SolverAttempt, Task, Validity
+from propel_core.records import Context, Label, SolverAttempt, Task, Validity, encode, to_json
 from propel_core.replay import ReplayBuffer
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class FeedsBack:
             entry["sampler"] = self.sampler.diagnostics()
         if self.log_path is not None:
             with self.log_path.open("a") as handle:
-                handle.write(json.dumps(entry) + "\n")
+                handle.write(to_json(entry) + "\n")
 
 
 class RewardScorer(FeedsBack):
@@ -366,7 +366,7 @@ class SolverRewards(FeedsBack):
         with self.rollouts.open("a") as handle:
             for task, text, reward, source, found in zip(tasks, texts, rewards, sources, details, strict=True):
                 row = {"step": step, "task_id": task.id, "source": source, "reward": reward, "text": text}
-                handle.write(json.dumps(row | {key: found.get(key) for key in ROLLOUT_FIELDS}) + "\n")
+                handle.write(to_json(row | {key: found.get(key) for key in ROLLOUT_FIELDS}) + "\n")
 
     def log(self, step, rewards, sources, graded, replayed: int, seconds: float) -> None:
         """This step's numbers: reward mean and spread, where rewards came from, and on verifier steps
@@ -421,7 +421,7 @@ def verified_corpus(folder: Path, tasks: list[Task], band: tuple[float, float]) 
         attempt = SolverAttempt(text=row["text"], solved=row["solved"], reason=row["reason"], diagnostics=diagnostics)
         by_task.setdefault(row["task_id"], []).append(attempt)
     kept = [task for task in tasks if task.id in by_task]
-    (out / "tasks.jsonl").write_text("".join(task.model_dump_json() + "\n" for task in kept))
+    (out / "tasks.jsonl").write_bytes(b"".join(encode(task) + b"\n" for task in kept))
     labels = [Label.from_attempts(task.id, by_task[task.id], band, min_valid=1) for task in kept]
-    (out / "labels.jsonl").write_text("".join(label.model_dump_json() + "\n" for label in labels))
+    (out / "labels.jsonl").write_bytes(b"".join(encode(label) + b"\n" for label in labels))
     return out

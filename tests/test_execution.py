@@ -11,6 +11,7 @@ import pytest
 from propel_core import hookimpl
 from propel_core.config import DomainConfig, ModelConfig, Sampling
 from propel_core.domain import Domain, ParseError, Verdict
+from propel_core.errors import PropelError
 from propel_core.execution import Attempt, Episode, Worker, job_seed, task_id
 from propel_core.records import Context, Task, iter_jsonl
 from propel_core.testing import kill_when_written
@@ -101,11 +102,12 @@ def test_batched_turns_give_the_same_episodes_with_fewer_calls(propel_register_p
     assert calls <= 4
 
 
-def test_a_failing_job_stops_the_run_and_the_others(propel_register_plugin):
+def test_an_episode_that_fails_costs_its_attempt_and_a_backend_that_fails_stops_the_run(propel_register_plugin):
+    """Model output that breaks the domain's own episode code (an IndexError here) costs that attempt
+    alone, ungradable with the error as its reason; a backend that cannot answer (a PropelError)
+    stops the run and the jobs beside it."""
     registry = propel_register_plugin(TalkPlugin)
-    worker = Worker(
-        DomainConfig(name="talk"), ModelConfig(), Sampling(max_new_tokens=4), registry, registry.domain("talk")
-    )
+    domain = registry.domain("talk")
     broken = Task(
         id="x",
         domain="talk",
@@ -116,9 +118,15 @@ def test_a_failing_job_stops_the_run_and_the_others(propel_register_plugin):
         generator="m",
     )
     jobs = [Attempt(broken, j, j) for j in range(6)]
+    worker = Worker(DomainConfig(name="talk"), ModelConfig(), Sampling(max_new_tokens=4), registry, domain)
+    results = [attempt for _, attempt in LocalExecutor(workers=3).run(worker, jobs)]
+    assert [(a.solved, a.reason.split(":")[0]) for a in results] == [(None, "episode failed")] * 6
+    no_server = ModelConfig(backend="openai", model="m")  # no base_url: the backend cannot be built
+    fine = Task(**{**broken.model_dump(), "payload": {"turns": ["a"]}})
+    worker = Worker(DomainConfig(name="talk"), no_server, Sampling(max_new_tokens=4), registry, domain)
     executor = LocalExecutor(workers=3)
-    with pytest.raises(IndexError):
-        list(executor.run(worker, jobs))
+    with pytest.raises(PropelError, match="needs base_url"):
+        list(executor.run(worker, [Attempt(fine, j, j) for j in range(6)]))
     assert executor.in_flight == 0
 
 

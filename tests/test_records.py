@@ -1,9 +1,28 @@
 """Records and crash-safe JSONL files."""
 
-from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity, iter_jsonl
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from propel_core.domain import Domain, Verdict, grade_attempt, make_task
+from propel_core.records import (
+    MAX_DEPTH,
+    Context,
+    JsonlWriter,
+    Label,
+    SolverAttempt,
+    Task,
+    Validity,
+    check_value,
+    decode,
+    encode,
+    iter_jsonl,
+)
 
 
-def make_task(i: int) -> Task:
+def a_task(i: int) -> Task:
     return Task(id=f"t{i}", domain="d", context_id="c", generation="g", validity=Validity.ok(), generator="m")
 
 
@@ -11,7 +30,7 @@ def test_round_trip(tmp_path):
     path = tmp_path / "tasks.jsonl"
     with JsonlWriter(path) as out:
         for i in range(3):
-            out.write(make_task(i))
+            out.write(a_task(i))
     assert [t.id for t in list(iter_jsonl(path, Task))] == ["t0", "t1", "t2"]
     assert path.read_text().count("\n") == 3
 
@@ -19,12 +38,12 @@ def test_round_trip(tmp_path):
 def test_torn_tail_is_skipped_then_cut(tmp_path):
     path = tmp_path / "tasks.jsonl"
     with JsonlWriter(path) as out:
-        out.write(make_task(0))
+        out.write(a_task(0))
     with path.open("a") as f:
         f.write('{"id": "t1", "dom')  # a crash mid-line
     assert [t.id for t in list(iter_jsonl(path, Task))] == ["t0"]
     with JsonlWriter(path) as out:
-        out.write(make_task(2))
+        out.write(a_task(2))
     assert [t.id for t in list(iter_jsonl(path, Task))] == ["t0", "t2"]
 
 
@@ -50,3 +69,123 @@ def test_label_null_attempts_and_minimum():
     short = Label.from_attempts("t", attempts(True, None, None), (1 / 3, 2 / 3), 2)
     assert (short.solve_rate, short.utility) == (1.0, None)
     assert Label.from_attempts("t", attempts(None, None), (0, 1), 1).solve_rate is None
+
+
+# -- the codec: whatever a model wrote round-trips exactly, or is refused with a reason ------------
+
+
+# any code point, lone surrogates included (what a "\ud800" escape or os.fsdecode of bytes gives)
+hostile_text = st.text(st.characters(exclude_categories=()), max_size=12)
+hostile_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(10**1200), max_value=10**1200)
+    | st.floats()
+    | hostile_text,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner)
+        | st.dictionaries(hostile_text, inner, max_size=3)
+        | st.dictionaries(st.integers(), inner, min_size=1, max_size=2)
+        | st.sets(st.integers(), max_size=2)
+    ),
+    max_leaves=12,
+)
+
+
+class Replays(Domain):
+    """A domain whose generations are the payloads themselves and whose grader returns them."""
+
+    name = "replays"
+
+    def __init__(self, payload=None, diagnostics=None):
+        self.payload, self.diagnostics = payload, diagnostics
+
+    def contexts(self):
+        return [Context(id="c", data={})]
+
+    def generator_prompt(self, context):
+        return []
+
+    def parse(self, generation):
+        return self.payload
+
+    def render(self, payload):
+        return "task"
+
+    def solver_prompt(self, payload):
+        return []
+
+    def grade(self, payload, attempt):
+        return Verdict(True, attempt, self.diagnostics)
+
+
+def round_trip(tmp_path, record):
+    """The record read back from a JSONL file written by the stages' writer (and by ``encode``)."""
+    path = tmp_path / "records.jsonl"
+    path.unlink(missing_ok=True)
+    with JsonlWriter(path, fsync=False) as out:
+        assert out.write(record)
+    (back,) = iter_jsonl(path, type(record))
+    assert decode(encode(record), type(record)) == back
+    return back
+
+
+def same(a, b) -> bool:
+    """Equal, and of the same JSON types all the way down (True is not 1)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True) and a == b
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=hostile_values, text=hostile_text)
+def test_a_task_is_stored_as_checked_or_rejected_with_a_reason(tmp_path_factory, value, text):
+    tmp_path = tmp_path_factory.mktemp("codec")
+    payload = {"v": value, "s": text}
+    task = make_task("t0", Replays(payload), Context(id="c", data={}), text, text, {})
+    problem = check_value(payload, "payload")
+    back = round_trip(tmp_path, task)
+    if problem is None:
+        assert task.validity.valid and same(back.payload, payload) and back.generation == text
+    else:
+        assert not task.validity.valid and problem in task.validity.reason
+        assert back.payload is None and back.validity.reason == task.validity.reason
+    assert back == task
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=hostile_values, text=hostile_text)
+def test_a_graded_attempt_is_stored_as_graded_or_is_ungradable(tmp_path_factory, value, text):
+    tmp_path = tmp_path_factory.mktemp("codec")
+    diagnostics = {"v": value}
+    task = Task(id="t", domain="replays", context_id="c", generation="", validity=Validity.ok(), generator=text)
+    attempt = grade_attempt(Replays(diagnostics=diagnostics), task, text)
+    if check_value(diagnostics) is None:
+        assert attempt.solved is True and same(attempt.diagnostics, diagnostics) and attempt.reason == text
+    else:
+        assert attempt.solved is None and "cannot be recorded" in attempt.reason
+    label = Label.from_attempts("t", [attempt, attempt], (0.0, 1.0), 1)
+    assert round_trip(tmp_path, label) == label
+    assert round_trip(tmp_path, Context(id=text, data={"x": text}, bucket=text)).id == text
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1, 220, 300, 5000])
+def test_deep_nesting_is_stored_or_rejected_at_parse_time(tmp_path, depth):
+    value = 1
+    for _ in range(depth):
+        value = [value]
+    task = make_task("t0", Replays({"v": value}), Context(id="c", data={}), "", "m", {})
+    assert task.validity.valid == (depth < MAX_DEPTH), task.validity.reason
+    if not task.validity.valid:
+        assert task.validity.reason.startswith("parse: the task cannot be recorded exactly: nested deeper than")
+    assert round_trip(tmp_path, task) == task
+
+
+def test_a_record_the_codec_cannot_write_costs_that_record_alone(tmp_path, caplog):
+    path = tmp_path / "labels.jsonl"
+    with JsonlWriter(path) as out:
+        assert out.write(SolverAttempt(text="a", solved=True))
+        assert not out.write(SolverAttempt(text="b", solved=True, diagnostics={"x": float("nan")}))
+        assert out.write(SolverAttempt(text="\udcff", solved=False))
+    assert [attempt.text for attempt in iter_jsonl(path, SolverAttempt)] == ["a", "\udcff"]
+    assert "record was not written" in caplog.text

@@ -21,7 +21,7 @@ from propel_core.errors import NotEnoughData, PropelError
 from propel_core.evaluation import paired_comparison, pass_at_k
 from propel_core.execution import graded_attempts, graded_texts
 from propel_core.probes import load_probe
-from propel_core.records import Context, Label, SolverAttempt, Task, iter_jsonl
+from propel_core.records import Context, Label, SolverAttempt, Task, iter_jsonl, to_json
 from propel_core.replay import ReplayBuffer, replaying
 from propel_core.reward import SolverRewards, verified_corpus
 from propel_core.run import Run, log
@@ -168,7 +168,7 @@ def solve_train(run: Run) -> None:
             rates["trained"], baseline_rates, seed=config.seed
         )
     (folder / "per_prompt.json").write_text(
-        json.dumps({"k": k, "held_out": [task.text for task in held_out], "counts": per_prompt})
+        to_json({"k": k, "held_out": [task.text for task in held_out], "counts": per_prompt})
     )
     (folder / "metrics.json").write_text(json.dumps({"arms": metrics, "comparisons": comparisons}, indent=2))
     for arm, values in metrics.items():

@@ -109,7 +109,7 @@ def register_commands(cli):
         to RUN/mle/corpus/ (tasks.jsonl, labels.jsonl): seed 002's offline scored solutions, which
         `propel rank rank.items=attempts rank.labels=mle/corpus/labels.jsonl` trains a reward model on."""
         from propel_core.execution import graded_texts
-        from propel_core.records import Label
+        from propel_core.records import Label, encode
 
         run, domain = _mle_run(ctx, config, overrides, "corpus")
         tasks = [shipped_task(domain, i) for i in range(count)]
@@ -118,11 +118,11 @@ def register_commands(cli):
         folder = run.dir / "mle" / "corpus"
         folder.mkdir(parents=True, exist_ok=True)
         band = (run.config.label.band_low, run.config.label.band_high)
-        (folder / "tasks.jsonl").write_text("".join(task.model_dump_json() + "\n" for task in tasks))
-        with (folder / "labels.jsonl").open("w") as out:
+        (folder / "tasks.jsonl").write_bytes(b"".join(encode(task) + b"\n" for task in tasks))
+        with (folder / "labels.jsonl").open("wb") as out:
             for i, task in enumerate(tasks):
                 attempts = graded[i * len(MODELS) : (i + 1) * len(MODELS)]
-                out.write(Label.from_attempts(task.id, attempts, band, 1).model_dump_json() + "\n")
+                out.write(encode(Label.from_attempts(task.id, attempts, band, 1)) + b"\n")
                 scores = [attempt.diagnostics.get("verifier_score") for attempt in attempts]
                 shown = ", ".join(
                     f"{m} {'none' if v is None else round(v, 3)}" for m, v in zip(MODELS, scores, strict=True)
