@@ -44,11 +44,11 @@ def main() -> None:
             folder.mkdir()
             (folder / "main.py").write_text(DRIVER)
             (folder / "candidate.py").write_text(code)
-            (folder / "inputs.json").write_text(json.dumps(inputs))
-            folders.append(folder)
+            folders.append((folder, json.dumps(inputs)))
 
         def bare() -> None:
-            for folder in folders:
+            for folder, inputs in folders:
+                (folder / "inputs.json").write_text(inputs)  # the driver removes it before f runs
                 subprocess.run(
                     [BASE_PYTHON, "-S", "-B", "main.py"],
                     cwd=folder,

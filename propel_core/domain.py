@@ -41,7 +41,13 @@ class Verdict:
 
 
 class Domain(ABC):
-    """A task domain. Subclass it in a plugin and register the class with ``register_domains``."""
+    """A task domain. Subclass it in a plugin and register the class with ``register_domains``.
+
+    One domain object serves every job of a process, and the executor runs jobs concurrently: parse,
+    render, the validity predicates, ``grade``, ``episode`` and ``solver_episode`` are called from
+    many threads at once. State kept between calls must be safe to share or held per thread or per
+    call (``propel_core.testing.assert_same_verdicts_concurrently`` checks the grader).
+    """
 
     #: registered name and the component registry, filled in by the core (``Registry.domain``);
     #: a domain that runs code gets its sandbox from ``self.registry``

@@ -65,6 +65,16 @@ def register_domains(register):
     A final assistant message in ``generator_prompt`` or ``solver_prompt`` is a prefill: the model
     continues it, and the text parsed or graded starts with it.
 
+    **Many threads at once.** The executor runs jobs concurrently on the one domain object of a
+    process: ``parse``, ``render``, the validity predicates, ``grade``, ``episode`` and
+    ``solver_episode`` are called from many threads at the same time (``executor.workers`` of them on
+    the ``local`` executor). Whatever a domain keeps between calls (a helper process, a cache, a
+    connection, a counter) must be safe to share, or held per thread or per call; a verdict must
+    not depend on what else is being graded. ``propel_core.testing.assert_same_verdicts_concurrently``
+    grades attempts serially and from many threads and fails where a verdict changed: run it on
+    your domain. Everything a model writes is hostile; a payload must be plain JSON data, which the
+    core checks (``records.check_value``) before storing a task.
+
     Optional, each with a default:
 
     - ``validity_predicates`` (class attribute): names of registered validity predicates, run in order

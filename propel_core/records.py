@@ -8,10 +8,12 @@ naming the file.
 Everything in a record may come from a model, so the codec is exact or it refuses, never lossy:
 ``encode`` writes any string, including one that is not valid UTF-8 (a lone surrogate, or the escapes
 ``os.fsdecode`` makes of a file name's undecodable bytes), as ``\\u`` escapes where it must, and
-refuses a non-finite number instead of writing ``null``; ``decode`` reads back exactly what was
+refuses a non-finite number instead of writing ``null`` and a surrogate pair held as two code points
+instead of writing what reads back as one character; ``decode`` reads back exactly what was
 written, at any depth ``check_value`` allows. ``check_value`` says why a value a model produced
 cannot be stored as it is (nested deeper than ``MAX_DEPTH``, a non-finite number, an integer of more
-than ``MAX_INT_DIGITS`` digits, more than ``MAX_VALUE_BYTES`` in all, a type JSON does not have);
+than ``MAX_INT_DIGITS`` digits, more than ``MAX_VALUE_BYTES`` in all, a type JSON does not have, a
+split surrogate pair);
 ``domain.make_task`` rejects such a task at parse time with that reason.
 """
 
@@ -22,6 +24,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +38,9 @@ log = logging.getLogger("propel")
 MAX_DEPTH = 64  # lists and objects nested in one value a model wrote
 MAX_INT_DIGITS = 1000
 MAX_VALUE_BYTES = 4 << 20  # the strings and numbers of one value, roughly as JSON writes them
+# a high surrogate then a low one, as two code points: JSON has no way to write them that does not
+# read back as the one character the pair encodes
+SPLIT_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 
 
 def check_value(value: Any, where: str = "$") -> str | None:
@@ -48,6 +54,8 @@ def check_value(value: Any, where: str = "$") -> str | None:
         item, path, depth = pending.pop()
         kind = type(item)
         if kind is str:
+            if SPLIT_PAIR.search(item):
+                return f"a surrogate pair written as two code points at {path} (JSON reads it back as one)"
             size += len(item) + 2
         elif item is None or kind is bool:
             size += 5
@@ -79,11 +87,14 @@ def check_value(value: Any, where: str = "$") -> str | None:
 
 def to_json(data: Any, **options: Any) -> str:
     """JSON text for plain data, exact: a string that is not valid UTF-8 makes the text use ``\\u``
-    escapes (so the text can always be written as UTF-8); a non-finite number raises ValueError."""
+    escapes (so the text can always be written as UTF-8); a non-finite number, or a surrogate pair
+    held as two code points (which no JSON text reads back as two), raises ValueError."""
     text = json.dumps(data, ensure_ascii=False, allow_nan=False, **options)
     try:
         text.encode()
     except UnicodeEncodeError:
+        if SPLIT_PAIR.search(text):  # surrogates occur only inside strings: the search is exact
+            raise ValueError("a surrogate pair held as two code points cannot be written exactly") from None
         return json.dumps(data, ensure_ascii=True, allow_nan=False, **options)
     return text
 

@@ -21,7 +21,13 @@ Fixtures:
 - ``propel_ray_cluster``: a real two-node Ray cluster on this machine (each node: 2 CPUs and
   ``sandbox: 2``), started once a session and connected; skipped where Ray is not installed.
 
-For sandbox authors, ``MEMORY_PINNERS``: hostile programs (name -> Python source) that try to pin
+For domain authors, ``assert_same_verdicts_concurrently(domain, attempts)``: the executor calls a
+domain's grader from many threads at once; this grades the attempts one by one, then all of them
+again from many threads in a shuffled order, and fails naming every attempt whose verdict changed.
+
+For sandbox authors, ``stray_sandbox_processes(uids)``: processes of the sandbox's uids that
+outlived this process's runs (those of runs another process has under way do not count), and
+``MEMORY_PINNERS``: hostile programs (name -> Python source) that try to pin
 host memory past an address-space limit; each writes the MiB it holds at the end to ``result.json``.
 
 Every fixture's name starts with ``propel_``, so none shadows or is shadowed by a fixture of a
@@ -121,6 +127,55 @@ MEMORY_PINNERS = {
 """,
 }
 MEMORY_PINNERS = {name: _PIN.format(body=body) for name, body in MEMORY_PINNERS.items()}
+
+
+def stray_sandbox_processes(uids: range) -> list[str]:
+    """``uid pid command`` of each live process whose uid is in ``uids`` and that is not in the
+    cgroup of a run another process has under way: a process still in one of this process's run
+    groups, or in no run group at all, outlived its run."""
+    import os
+
+    from propel_plugins.bounds import PREFIX
+
+    stray, ours = [], f"/{PREFIX}{os.getpid()}-"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+            groups = Path(f"/proc/{pid}/cgroup").read_text()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        uid = int(status.get("Uid", "-1").split()[0])
+        if uid not in uids or status.get("State", "").strip().startswith(("Z", "X")):
+            continue
+        if f"/{PREFIX}" in groups and ours not in groups:
+            continue  # a run of another process (a test session beside this one), still under way
+        stray.append(f"{uid} {pid} {command.strip()}")
+    return stray
+
+
+def assert_same_verdicts_concurrently(
+    domain, attempts: list[tuple[dict, str]], threads: int = 8, rounds: int = 2, seed: int = 0
+) -> None:
+    """Grade each ``(payload, attempt)`` with ``domain.grade`` serially, then every one ``rounds``
+    times over from ``threads`` threads at once, in an order shuffled by ``seed``; fail with every
+    attempt whose verdict (solved, reason) differed from its serial one."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    def verdict(index: int) -> tuple[bool | None, str | None]:
+        found = domain.grade(*attempts[index])
+        return found.solved, found.reason
+
+    serial = [verdict(i) for i in range(len(attempts))]
+    order = [i for _ in range(rounds) for i in range(len(attempts))]
+    random.Random(seed).shuffle(order)
+    with ThreadPoolExecutor(threads) as pool:
+        concurrent = list(pool.map(verdict, order))
+    wrong = [(i, serial[i], got) for i, got in zip(order, concurrent, strict=True) if got != serial[i]]
+    assert not wrong, f"{len(wrong)} of {len(order)} verdicts changed when graded in {threads} threads: " + "; ".join(
+        f"attempt {i}: serial {alone}, concurrent {got}" for i, alone, got in wrong[:5]
+    )
 
 
 @pytest.fixture

@@ -76,13 +76,16 @@ def test_label_null_attempts_and_minimum():
 
 # any code point, lone surrogates included (what a "\ud800" escape or os.fsdecode of bytes gives)
 hostile_text = st.text(st.characters(exclude_categories=()), max_size=12)
+# surrogates side by side: a high then a low one as two code points has no exact JSON form
+surrogate_text = st.lists(st.sampled_from(["\ud800", "\udbff", "\udc00", "\udfff", "a"]), max_size=5).map("".join)
 hostile_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers()
     | st.integers(min_value=-(10**1200), max_value=10**1200)
     | st.floats()
-    | hostile_text,
+    | hostile_text
+    | surrogate_text,
     lambda inner: (
         st.lists(inner, max_size=3)
         | st.tuples(inner)
@@ -189,3 +192,16 @@ def test_a_record_the_codec_cannot_write_costs_that_record_alone(tmp_path, caplo
         assert out.write(SolverAttempt(text="\udcff", solved=False))
     assert [attempt.text for attempt in iter_jsonl(path, SolverAttempt)] == ["a", "\udcff"]
     assert "record was not written" in caplog.text
+
+
+def test_a_surrogate_pair_held_as_two_code_points_is_refused_not_merged(tmp_path):
+    """JSON reads "\\ud800\\udc00" back as the one character U+10000: a value holding the two code
+    points is refused at parse time, and a record holding them costs that record."""
+    task = make_task("t0", Replays({"v": "x\ud800\udc00y"}), Context(id="c", data={}), "", "m", {})
+    assert not task.validity.valid and "surrogate pair" in task.validity.reason
+    assert check_value("\ud800 \udc00") is None and check_value("\U00010000") is None
+    path = tmp_path / "attempts.jsonl"
+    with JsonlWriter(path) as out:
+        assert not out.write(SolverAttempt(text="\ud83d\ude00", solved=False))
+        assert out.write(SolverAttempt(text="\ud83d \ude00", solved=False))
+    assert [attempt.text for attempt in iter_jsonl(path, SolverAttempt)] == ["\ud83d \ude00"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from propel_core.errors import PropelError
-from propel_core.testing import MEMORY_PINNERS
+from propel_core.testing import MEMORY_PINNERS, stray_sandbox_processes
 from propel_plugins.sandbox import STATUSES, LocalSandbox, SandboxUnavailable, plain_json
 
 
@@ -142,8 +142,7 @@ def test_nothing_outlives_a_run(sandbox):
     for _ in range(3):
         assert run(sandbox, code).status == "timeout"
     assert not list(Path(tempfile.gettempdir()).glob("propel-sandbox-*"))
-    ps = subprocess.run(["ps", "-e", "-o", "uid="], capture_output=True, text=True).stdout.split()
-    assert not [uid for uid in ps if int(uid) in sandbox.uids]
+    assert stray_sandbox_processes(sandbox.uids) == []
 
 
 def test_concurrent_runs_have_their_own_uid_and_process_budget(sandbox):

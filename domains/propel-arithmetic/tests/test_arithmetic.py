@@ -7,6 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from propel_core.domain import ParseError, make_task
+from propel_core.plugins import Registry
+from propel_core.testing import assert_same_verdicts_concurrently
 
 
 @pytest.fixture
@@ -178,3 +180,11 @@ def test_the_simulated_solver_refuses_what_it_cannot_answer(propel_registry):
         backend.generate(["Write a poem."], Sampling())
     with pytest.raises(PropelError, match="has no hidden states"):
         backend.hidden_states(["Compute: 3 + 4"], [1], 64)
+
+
+def test_verdicts_are_the_same_graded_in_many_threads():
+    domain = Registry.build().domain("arithmetic")
+    expressions = ["12 + 7", "3 * (4 - 9)", "100 / 8", "2 * 512", "17 - 25 + 4"]
+    answers = ["19", "-15", "12.5", "1024", "-4", "20", "no idea", "12 + 7 = 19\n20"]
+    attempts = [({"expression": e}, a) for e in expressions for a in answers]
+    assert_same_verdicts_concurrently(domain, attempts, threads=8)

@@ -51,14 +51,19 @@ BANNED_ATTRIBUTES = frozenset(
      "ag_code", "tb_frame", "tb_next", "func_globals", "Formatter", "get_field", "get_value", "vformat"}
 )  # fmt: skip
 FORMAT_METHODS = frozenset({"format", "format_map"})
+GRADER_HASH_SEED = 0  # the hash seed the grader runs every attempt with
 
 SECTION = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL) for name in ("code", "inputs", "message")}
 CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
-# Runs inside the sandbox: executes the candidate, calls f on every input, keeps plain data only.
+# Runs inside the sandbox: executes the candidate, then calls f on each input in a process of its own,
+# forked before any call, so no call sees what another left behind (a mutable default, a changed
+# module) and an output cannot depend on which inputs, or how many, were called before; keeps plain
+# data only. The inputs file is gone before the candidate runs.
 DRIVER = """\
 import json
 import math
+import os
 
 
 def plain(value, depth=0):
@@ -78,19 +83,40 @@ def plain(value, depth=0):
     raise TypeError("output of type " + kind.__name__ + " is not plain data")
 
 
+def call(args):
+    try:
+        return {"value": plain(f(*args))}
+    except Exception as exc:
+        return {"error": type(exc).__name__}
+
+
+def in_a_process_of_its_own(args):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        data = json.dumps(call(args)).encode()
+        while data:
+            data = data[os.write(write, data):]
+        os._exit(0)
+    os.close(write)
+    chunks = []
+    while chunk := os.read(read, 65536):
+        chunks.append(chunk)
+    os.close(read)
+    os.waitpid(pid, 0)
+    return json.loads(b"".join(chunks)) if chunks else {"error": "the call's process died"}
+
+
 with open("inputs.json") as handle:
     inputs = json.load(handle)
+os.remove("inputs.json")
 with open("candidate.py") as handle:
     source = handle.read()
 namespace = {"__name__": "candidate"}
 exec(compile(source, "candidate.py", "exec"), namespace)
 f = namespace["f"]
-outputs = []
-for args in inputs:
-    try:
-        outputs.append({"value": plain(f(*args))})
-    except Exception as exc:
-        outputs.append({"error": type(exc).__name__})
+outputs = [in_a_process_of_its_own(args) for args in inputs]
 with open("result.json", "w") as handle:
     json.dump({"outputs": outputs}, handle)
 """
@@ -200,8 +226,7 @@ class AZR(Domain):
         diagnostics = {"missing_code": not blocks, "multiple_code_blocks": len(blocks) > 1}
         if not blocks:
             return Verdict(False, "no code block", diagnostics)
-        hidden_inputs = payload["inputs"][self.shown : self.shown + self.hidden]
-        expected = payload["outputs"][self.shown : self.shown + self.hidden]
+        hidden_inputs, expected = self.hidden_part(payload["inputs"]), self.hidden_part(payload["outputs"])
         run = self.execute(blocks[-1], hidden_inputs)
         diagnostics["sandbox_status"] = run.status
         if run.status == "sandbox_error":
@@ -219,8 +244,12 @@ class AZR(Domain):
     def topic(self, payload: dict[str, Any]) -> str:
         return topic_of(payload["code"])
 
-    def execute(self, code: str, inputs: list[list], hash_seed: int = 0):
-        """Run ``code``'s f on ``inputs`` in the sandbox."""
+    def hidden_part(self, items: list) -> list:
+        """The part of a task's inputs (or outputs) the grader checks: the ``hidden`` after the shown."""
+        return items[self.shown : self.shown + self.hidden]
+
+    def execute(self, code: str, inputs: list[list], hash_seed: int = GRADER_HASH_SEED):
+        """Run ``code``'s f on ``inputs`` in the sandbox, each call in a process of its own."""
         program = {"main.py": DRIVER, "candidate.py": code, "inputs.json": json.dumps(inputs)}
         return self.sandbox.run_python(program, "main.py", hash_seed=hash_seed)
 
@@ -252,6 +281,10 @@ def check_static(task: Task, domain: AZR) -> Validity:
     other modules and of process, import or frame machinery (``re.enum.sys``, ``gen.gi_frame``), and
     string formatting that walks attributes: ``Formatter``, ``format``/``format_map`` on a computed
     format string or one whose fields contain ``.`` or ``[``, and any string literal containing ``__``.
+    Every identifier a program can write is checked, wherever the grammar puts it: an attribute
+    named in a ``match`` class pattern (``case object(__class__=t)``) or as a keyword argument by the
+    attribute rules, a parameter, an import alias, a name bound by ``except`` or a pattern by the
+    name rules.
     """
     try:
         tree = ast.parse(task.payload["code"])
@@ -263,33 +296,84 @@ def check_static(task: Task, domain: AZR) -> Validity:
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef | ast.Import | ast.ImportFrom):
             return Validity.reject(f"top-level {type(node).__name__} statement outside f")
+    if _binds(tree, "str"):
+        return Validity.reject("binds the name str (str.format must be the built-in's)")
     checked_formats: set[int] = set()  # format/format_map attributes whose call was checked
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             problem = _check_import(node)
             if problem:
                 return Validity.reject(problem)
-        elif isinstance(node, ast.Name) and (node.id in BANNED_NAMES or node.id.startswith("__")):
-            return Validity.reject(f"uses the banned name {node.id}")
-        elif isinstance(node, ast.Attribute):
-            if node.attr.startswith("__"):
-                return Validity.reject(f"uses the dunder attribute {node.attr}")
-            if node.attr.startswith("_"):
-                return Validity.reject(f"uses the private attribute {node.attr}")
-            if node.attr in BANNED_ATTRIBUTES:
-                return Validity.reject(f"uses the banned attribute {node.attr}")
-            if node.attr in FORMAT_METHODS and id(node) not in checked_formats:
-                return Validity.reject(f"uses {node.attr} other than called on a format string")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FORMAT_METHODS:
+        for name, role in _identifiers(node):
+            if problem := _identifier_problem(name, role):
+                return Validity.reject(problem)
+        if isinstance(node, ast.Attribute) and node.attr in FORMAT_METHODS and id(node) not in checked_formats:
+            return Validity.reject(f"uses {node.attr} other than called on a format string")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FORMAT_METHODS:
             problem = _check_format_call(node)
             if problem:
                 return Validity.reject(problem)
             checked_formats.add(id(node.func))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "__" in node.value:
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str | bytes) and "__" in str(node.value):
             return Validity.reject("a string literal contains __")
         elif isinstance(node, ast.Global | ast.Nonlocal):
             return Validity.reject("uses global state")
     return Validity.ok()
+
+
+def _identifiers(node: ast.AST) -> list[tuple[str, str]]:
+    """Every identifier ``node`` itself writes, each with its role: ``attribute`` where it names an
+    attribute of some object (``x.attr``, a class pattern's keyword, a keyword argument), ``name``
+    where it names a variable (a name, a parameter, an import alias, what ``except``/``as`` or a
+    pattern binds), ``definition`` for the name a ``def`` or ``class`` binds. Module paths are
+    ``_check_import``'s."""
+    if isinstance(node, ast.Name):
+        return [(node.id, "name")]
+    if isinstance(node, ast.Attribute):
+        return [(node.attr, "attribute")]
+    if isinstance(node, ast.MatchClass):
+        return [(attr, "attribute") for attr in node.kwd_attrs]
+    if isinstance(node, ast.keyword):
+        return [(node.arg, "attribute")] if node.arg else []
+    if isinstance(node, ast.FunctionDef | ast.ClassDef):
+        return [(node.name, "definition")]
+    names = []
+    for field in ("arg", "name", "asname", "rest"):
+        value = getattr(node, field, None)
+        if isinstance(value, str) and not (isinstance(node, ast.alias) and field == "name"):
+            names.append((value, "name"))
+    return names
+
+
+def _binds(tree: ast.AST, name: str) -> bool:
+    """Whether the program binds ``name`` anywhere: an assignment, a parameter, an import, a ``def`` or
+    ``class``, what ``except``, ``for``, ``with`` or a pattern binds."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            continue
+        if isinstance(node, ast.alias) and (node.asname or node.name) == name:
+            return True
+        if any(found == name for found, _ in _identifiers(node)):
+            return True
+    return False
+
+
+def _identifier_problem(name: str, role: str) -> str | None:
+    """Why an identifier in that role is refused, or None. A definition may carry a data-model name
+    (``def __init__``, ``def __lt__`` in a class): that names no attribute it could reach."""
+    if role == "definition" and name.startswith("__") and name.endswith("__") and len(name) > 4:
+        return None
+    if role in ("name", "definition"):
+        if name in BANNED_NAMES or name.startswith("__"):
+            return f"uses the banned name {name}"
+        return None
+    if name.startswith("__"):
+        return f"uses the dunder attribute {name}"
+    if name.startswith("_"):
+        return f"uses the private attribute {name}"
+    if name in BANNED_ATTRIBUTES:
+        return f"uses the banned attribute {name}"
+    return None
 
 
 def _check_import(node: ast.Import | ast.ImportFrom) -> str | None:
@@ -304,6 +388,8 @@ def _check_import(node: ast.Import | ast.ImportFrom) -> str | None:
         if any(part.startswith("_") for part in module.split(".")):
             return f"imports the private module {module}"
     names = [alias.name for alias in node.names] if isinstance(node, ast.ImportFrom) else []
+    if "*" in names:
+        return f"imports every name of {modules[0]} (name what you import)"
     for name in names:
         if name.startswith("_") or name in BANNED_ATTRIBUTES:
             return f"imports the banned name {name} from {modules[0]}"
@@ -314,7 +400,7 @@ def _check_format_call(call: ast.Call) -> str | None:
     """Why a ``format``/``format_map`` call is refused: a computed format string (it cannot be read
     here) or a replacement field that walks attributes or items (``{0.real}``, ``{0[k]}``)."""
     template = call.func.value
-    if isinstance(template, ast.Name) and template.id == "str":  # str.format(template, ...)
+    if isinstance(template, ast.Name) and template.id == "str":  # str.format(template, ...); str is never rebound
         template = call.args[0] if call.args else None
     if not (isinstance(template, ast.Constant) and isinstance(template.value, str)):
         return f"calls {call.func.attr} on a computed format string"
@@ -335,14 +421,18 @@ def _walks_fields(template: str) -> bool:
 
 
 def check_execution(task: Task, domain: AZR) -> Validity:
-    """Runs f on every input in two separate sandboxed processes with different hash seeds.
+    """Runs f the way the grader runs a solver's f (``AZR.execute``: the sandbox, each call in a
+    process of its own, the grader's hash seed) on every input, then on every input under another
+    hash seed, then exactly as the grader will: the hidden inputs alone, under the grader's seed.
 
-    Valid when both runs finish, every output is plain data, the runs agree, and the outputs are not
-    all equal. The outputs are recorded in ``task.payload["outputs"]`` for the solver and grader.
+    Valid when every run finishes, every output is plain data, the runs agree (so an output cannot
+    depend on the hash seed, nor on anything that differs between validity and grading: how many
+    inputs the driver loaded, what the heap looks like), and the outputs are not all equal. The
+    first run's outputs are recorded in ``task.payload["outputs"]`` for the solver and grader.
     """
     inputs = task.payload["inputs"]
     runs = []
-    for hash_seed in (1, 2):
+    for hash_seed in (GRADER_HASH_SEED, GRADER_HASH_SEED + 1):
         run = domain.execute(task.payload["code"], inputs, hash_seed=hash_seed)
         if not run.ok:
             return Validity.reject(f"{run.status}: {run.detail}")
@@ -351,7 +441,12 @@ def check_execution(task: Task, domain: AZR) -> Validity:
             return Validity.reject(problem)
         runs.append(outputs)
     if not all(_same(a, b) for a, b in zip(*runs, strict=True)):
-        return Validity.reject("nondeterministic: two runs with different hash seeds disagree")
+        return Validity.reject("nondeterministic: f gives other outputs under another hash seed")
+    hidden = domain.hidden_part(inputs)
+    graded = domain.execute(task.payload["code"], hidden)
+    outputs, problem = _outputs(graded.result, len(hidden)) if graded.ok else ([], graded.status)
+    if problem or not all(_same(a, b) for a, b in zip(outputs, domain.hidden_part(runs[0]), strict=True)):
+        return Validity.reject("nondeterministic: f on its hidden inputs alone, as graded, gives other outputs")
     if all(_same(output, runs[0][0]) for output in runs[0]):
         return Validity.reject("trivial: every input gives the same output")
     task.payload["outputs"] = runs[0]

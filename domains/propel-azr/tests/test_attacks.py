@@ -10,7 +10,6 @@ import base64
 import json
 import os
 import socket
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 
 from propel_core.domain import make_task
 from propel_core.records import Context, Task, Validity
+from propel_core.testing import stray_sandbox_processes
 
 TIME_LIMIT = 2.0
 SECRET = "propel-secret-canary-value"
@@ -156,14 +156,11 @@ ATTACKS = {
 
 
 def sandbox_processes() -> list[str]:
-    """Processes of any uid the sandbox hands out (a range of its own, one uid per run)."""
+    """Processes of any uid the sandbox hands out (a range of its own, one uid per run) that outlived
+    a run of this test session."""
     from propel_plugins.sandbox import LocalSandbox
 
-    uids = LocalSandbox(time_limit=1).uids
-    out = subprocess.run(["ps", "-e", "-o", "uid=,pid=,cmd="], capture_output=True, text=True).stdout
-    return [
-        line for line in out.splitlines() if line.split() and int(line.split()[0]) in uids and "<defunct>" not in line
-    ]
+    return stray_sandbox_processes(LocalSandbox(time_limit=1).uids)
 
 
 def sandbox_leftovers() -> list[str]:

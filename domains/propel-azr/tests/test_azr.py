@@ -2,16 +2,19 @@
 
 import functools
 import json
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from propel_azr.plugin import check_static
+from propel_azr.plugin import GRADER_HASH_SEED, check_static
 from propel_azr.topics import topic_of
 from propel_core.domain import ParseError, make_task
 from propel_core.plugins import Registry
 from propel_core.records import Context, Task, Validity
+from propel_core.testing import assert_same_verdicts_concurrently
 
 
 def test_shows_up_in_propel_plugins(propel_registry):
@@ -99,6 +102,33 @@ def static(code: str) -> Validity:
         ("def f(x):\n    return x.__class__", "uses the dunder attribute __class__"),
         ("def f(x):\n    return __builtins__", "uses the banned name __builtins__"),
         ("def f(x)\n    return x", "the code does not parse"),
+        # identifiers outside names and attributes: a class pattern's keywords, keyword arguments,
+        # import aliases, parameters, what except, a pattern or a lambda binds
+        (
+            "def f(x):\n    match x:\n        case object(__class__=t):\n            return t\n    return 0",
+            "uses the dunder",
+        ),
+        ("def f(x):\n    match x:\n        case str(_a=t):\n            return t\n    return 0", "uses the private"),
+        ("def f(x):\n    match x:\n        case int(real=r):\n            return r\n    return 0", None),
+        ("def f(x):\n    return dict(__class__=x)", "uses the dunder attribute __class__"),
+        ("def f(x):\n    return dict(modules=x)", "uses the banned attribute modules"),
+        ("from math import pi as __builtins__\ndef f(x):\n    return x", "uses the banned name __builtins__"),
+        ("from math import floor as eval\ndef f(x):\n    return eval(x)", "uses the banned name eval"),
+        ("def f(__x):\n    return 1", "uses the banned name __x"),
+        ("def f(x):\n    return (lambda __y: __y)(x)", "uses the banned name __y"),
+        (
+            "def f(x):\n    try:\n        return 1 // x\n    except ZeroDivisionError as __e:\n        return 0",
+            "uses the banned name",
+        ),
+        (
+            "def f(x):\n    match x:\n        case {'a': 1, **__rest}:\n            return 1\n    return 0",
+            "uses the banned name",
+        ),
+        (
+            "def f(x):\n    match x:\n        case [*__rest]:\n            return 1\n    return 0",
+            "uses the banned name",
+        ),
+        ("def f(xs):\n    return sorted(xs, key=len, reverse=True)", None),
     ],
 )
 def test_static_filter(code, reason):
@@ -200,3 +230,58 @@ def test_generate_on_the_embedded_model(propel_cli, tmp_path, domain):
         assert task.validity.valid or task.validity.reason
         if task.validity.valid:
             assert len(task.payload["outputs"]) == 10 and task.topic
+
+
+def hash_under_grader_seed(text: str) -> int:
+    """``hash(text)`` in a process with the grader's hash seed."""
+    code = f"print(hash({text!r}))"
+    env = {"PYTHONHASHSEED": str(GRADER_HASH_SEED), "PATH": "/usr/bin:/bin"}
+    return int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # the same under one other hash seed, another under the grader's: its own task would fail it
+        "def f(x):\n    return x + int(hash('propel') == {h})",
+        # state kept across calls: the grader calls five hidden inputs after none of the shown ones
+        "def f(x, seen=[]):\n    seen.append(x)\n    return x * 10 + len(seen)",
+        "import math\ndef f(x):\n    math.tau = math.tau + 1\n    return x + int(math.tau)",
+        # which inputs came before: the grader's second hidden call comes after the first hidden one
+        "def f(x, seen=set()):\n    seen.add(x)\n    return x + (1 if x == 6 and 5 in seen else 0)",
+        "def f(x, n=[0]):\n    n[0] += 1\n    return x + (n[0] >= 6)",
+        # the heap the driver leaves depends on how many inputs it loaded (10 in validity, 5 graded)
+        "def f(x):\n    return [x, id([]) % 16384]",
+    ],
+)
+def test_validity_mirrors_grading(domain, predicates, code):
+    """A task is valid only when its own f, graded as a solver's code is (the hidden inputs alone, the
+    grader's hash seed), reproduces the outputs recorded for it."""
+    code = code.format(h=hash_under_grader_seed("propel"))
+    text = generation(code, [[i] for i in range(10)])
+    task = make_task("t", domain, Context(id="c", data={}), text, "m", predicates)
+    if task.validity.valid:
+        assert domain.grade(task.payload, f"```python\n{code}\n```").solved is True, "its own f fails its task"
+    else:
+        assert task.validity.reason.startswith("azr_execution: nondeterministic"), task.validity.reason
+
+
+def test_each_call_starts_afresh(domain):
+    """Each call runs in a process of its own, and the inputs file is gone before f runs: a call sees
+    neither the calls before it nor the inputs to come."""
+    counts = domain.execute("def f(x, seen=[]):\n    seen.append(x)\n    return len(seen)", [[1], [2], [3]])
+    assert [output["value"] for output in counts.result["outputs"]] == [1, 1, 1]
+    peek = "import os\ndef f(x):\n    return sorted(os.listdir('.'))"
+    assert "inputs.json" not in domain.execute(peek, [[0]]).result["outputs"][0]["value"]
+
+
+def test_verdicts_are_the_same_graded_in_many_threads(domain, task):
+    attempts = [
+        "```python\ndef f(xs):\n    return sorted(xs)[::-1][:2]\n```",
+        "```python\ndef f(xs):\n    return sorted(xs)[-2:]\n```",
+        "```python\ndef f(xs):\n    while True:\n        pass\n```",
+        "```python\ndef f(xs):\n    return [1e999]\n```",
+        "no code",
+        "```python\nimport os\ndef f(xs):\n    os._exit(0)\n```",
+    ]
+    assert_same_verdicts_concurrently(domain, [(task.payload, attempt) for attempt in attempts], threads=6)

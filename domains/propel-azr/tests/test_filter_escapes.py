@@ -106,6 +106,18 @@ ESCAPES = {
     "format_nested_field": (body("return '{0:{1.real}}'.format(x, 5)"), "calls format with a field that walks"),
     "format_map_field": (body("return '{a.real}'.format_map({'a': x})"), "calls format_map with a field that walks"),
     "str_format_field": (body("return str.format('{0.real}', x)"), "calls format with a field that walks"),
+    # str rebound to a walking template, then str.format on an innocent-looking literal
+    "str_rebound_template": (
+        body("str = '{1.' + 'real}'", "return str.format('ok', x)"),
+        "binds the name str",
+    ),
+    "str_rebound_by_a_parameter": (body("return (lambda str: str.format('ok', x))('{1.real}')"), "binds the name str"),
+    # names that enter scope without being named: Formatter through a star import
+    "star_import_formatter": (
+        body("return Formatter().vformat('{0}', [x], {})", imports="from string import *\n"),
+        "imports every name of string",
+    ),
+    "dunder_bytes_literal": (body("return b'__class__'.decode()"), "a string literal contains __"),
     "format_computed_template": (
         body("t = '{0' + '.real}'", "return t.format(x)"),
         "calls format on a computed format string",
@@ -157,6 +169,14 @@ ORDINARY = [
         "return [Node(v).value * 2 for v in x]",
     ),
     body("return x.replace('_', '-').split('-')"),
+    body(
+        "class Pair:",
+        "    def __init__(self, a, b):",
+        "        self.a, self.b = a, b",
+        "    def __lt__(self, other):",
+        "        return self.b < other.b",
+        "return [p.a for p in sorted(Pair(i, -v) for i, v in enumerate(x))]",
+    ),
 ]
 
 

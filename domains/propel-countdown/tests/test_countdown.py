@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from propel_core.domain import ParseError, make_task
 from propel_core.plugins import Registry
+from propel_core.testing import assert_same_verdicts_concurrently
 from propel_countdown.arithmetic import ExpressionError, evaluate, solvable
 
 
@@ -253,3 +254,15 @@ def test_direct_answer_prefills_the_tag_and_grades_the_first_line(propel_registr
         propel_registry.domain("countdown", num_contexts=1).solver_prompt({"numbers": [3], "target": 3})[-1]["role"]
         == "user"
     )
+
+
+def test_verdicts_are_the_same_graded_in_many_threads():
+    domain = Registry.build().domain("countdown")
+    puzzles = [example for context in domain.contexts()[:4] for example in context.data["examples"]][:6]
+    answers = ["<answer>{a} + {b}</answer>", "<answer>{a} * {b} - {a}</answer>", "no tag", "<answer>1 / 0</answer>"]
+    attempts = [
+        (puzzle, answer.format(a=puzzle["numbers"][0], b=puzzle["numbers"][1]))
+        for puzzle in puzzles
+        for answer in answers
+    ]
+    assert_same_verdicts_concurrently(domain, attempts, threads=8)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import re
+import threading
 from functools import cached_property
 from typing import Any
 
@@ -82,6 +83,8 @@ class Math(Domain):
         )
         self.min_chars, self.max_chars = min_chars, max_chars
         self.verify_timeout = verify_timeout
+        self._compared: dict[str, bool] = {}
+        self._compared_lock = threading.Lock()
 
     # -- generation -------------------------------------------------------------------------------
 
@@ -134,6 +137,21 @@ class Math(Domain):
     def verifier(self) -> Verifier:
         return Verifier(timeout=self.verify_timeout)
 
+    def reference_compares(self, gold: str) -> bool:
+        """Whether the verifier compares the reference answer with itself within its budget: when it
+        does, a comparison that does not finish is the attempt's doing. A definite answer is
+        remembered per reference; no answer (a worker that failed) is asked again next time."""
+        with self._compared_lock:
+            known = self._compared.get(gold)
+        if known is None:
+            equal = self.verifier.equal(gold, gold)
+            if equal is None:
+                return False
+            known = equal
+            with self._compared_lock:
+                self._compared[gold] = known
+        return known
+
     def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:
         if "answer" not in payload:
             return Verdict(None, "the task has no reference answer (oracles did not agree)")
@@ -142,6 +160,10 @@ class Math(Domain):
         if answer is None:
             return Verdict(False, "no final answer", diagnostics)
         equal = self.verifier.equal(payload["answer"], answer)
+        if equal is None and self.reference_compares(payload["answer"]):
+            # the reference alone compares within the budget, so the answer is what the verifier
+            # could not finish (a tower of powers, say): not solved, never a stall RL could learn
+            return Verdict(False, f"the verifier gave no verdict on answer {answer[:60]!r} in time", diagnostics)
         if equal is None:
             return Verdict(None, "the verifier did not answer (timeout or crash)", diagnostics)
         return Verdict(equal, None if equal else f"answer {answer[:60]!r} differs from the reference", diagnostics)

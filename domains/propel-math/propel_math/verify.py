@@ -1,8 +1,13 @@
-"""Symbolic answer comparison through a separate math-verify worker process.
+"""Symbolic answer comparison through separate math-verify worker processes.
 
-The worker runs with memory and CPU limits and, where bubblewrap is available, with no network and a
-read-only filesystem. A request that takes longer than ``timeout``, or a worker that dies, gets the
-worker killed and restarted, and the comparison reported as unknown (None), never as a wrong answer.
+Each worker runs with memory and CPU limits and, where bubblewrap is available, with no network and a
+read-only filesystem. Graders are called from many threads at once, so a request takes a worker of
+its own from a pool (starting one when none is idle) and gives it back when answered: no two threads
+ever share a worker's pipes. At most one request per CPU core runs at a time (the others wait for a
+slot before their clock starts), so the verifier's own load never eats into a request's ``timeout``.
+A request that takes longer than ``timeout``, or a worker that dies, gets that worker killed (the
+others go on) and the comparison reported as unknown (None). A worker lives as long as propel's
+process or ``MAX_REQUESTS`` requests; it never depends on the thread that started it.
 """
 
 from __future__ import annotations
@@ -15,88 +20,129 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
+
+MAX_REQUESTS = 200  # a worker's CPU limit (an hour) covers this many requests of the longest timeout
 
 
 class Verifier:
     def __init__(self, timeout: float = 10.0, startup_timeout: float = 60.0, memory_mb: int = 4096):
         self.timeout, self.startup_timeout, self.memory_mb = timeout, startup_timeout, memory_mb
-        self._process: subprocess.Popen | None = None
+        self._idle: list[Worker] = []
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(os.cpu_count() or 1)
 
     def equal(self, gold: str, answer: str) -> bool | None:
         """Whether ``answer`` equals ``gold`` symbolically; None when the worker timed out or died
-        (it is restarted on the next request)."""
-        fresh = self._process is None
-        process = self._process or self._start()
-        try:
-            process.stdin.write(json.dumps({"gold": _math(gold), "answer": _math(answer)}) + "\n")
-            process.stdin.flush()
-        except (BrokenPipeError, OSError):
-            self.close()
-            return None
-        reply = self._read_line(process, self.startup_timeout if fresh else self.timeout)
-        if reply is None:
-            self.close()
-            return None
-        return bool(json.loads(reply).get("equal"))
+        (another one serves later requests)."""
+        with self._slots:
+            worker = self._worker()
+            reply = worker.ask({"gold": _math(gold), "answer": _math(answer)})
+        if reply is None or worker.requests >= MAX_REQUESTS:
+            worker.close()
+        else:
+            with self._lock:
+                self._idle.append(worker)
+        return None if reply is None else bool(reply.get("equal"))
 
-    def _start(self) -> subprocess.Popen:
+    def _worker(self) -> Worker:
+        """An idle worker that is still alive, or a new one."""
+        while True:
+            with self._lock:
+                worker = self._idle.pop() if self._idle else None
+            if worker is None:
+                return Worker(self)
+            if worker.process.poll() is None:
+                return worker
+            worker.close()
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._idle = self._idle, []
+        for worker in workers:
+            worker.close()
+
+
+class Worker:
+    """One math-verify process, used by one thread at a time."""
+
+    def __init__(self, verifier: Verifier):
         command = [sys.executable, "-m", "propel_math.verify_worker"]
-        limits = [f"--as={self.memory_mb << 20}", f"--cpu={int(self.startup_timeout + 3600)}", "--core=0", "--"]
+        limits = [f"--as={verifier.memory_mb << 20}", f"--cpu={int(verifier.startup_timeout + 3600)}", "--core=0"]
         if shutil.which("prlimit"):
-            command = [shutil.which("prlimit"), *limits, *command]
+            command = [shutil.which("prlimit"), *limits, "--", *command]
         if shutil.which("bwrap") and os.geteuid() == 0:
-            # the whole filesystem read-only (no tmpfs over /tmp: the interpreter may live there)
-            command = [
-                shutil.which("bwrap"),
-                "--ro-bind",
-                "/",
-                "/",
-                "--dev",
-                "/dev",
-                "--proc",
-                "/proc",
-                "--unshare-net",
-                "--unshare-pid",
-                "--unshare-ipc",
-                "--die-with-parent",
-                "--",
-                *command,
-            ]
-        self._process = subprocess.Popen(
+            # the whole filesystem read-only (no tmpfs over /tmp: the interpreter may live there). No
+            # --die-with-parent: that ties the worker to the thread that started it, and a grading
+            # thread may end while the pool keeps the worker; it ends when its stdin closes instead
+            isolation = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net", "--unshare-pid"]
+            command = [shutil.which("bwrap"), *isolation, "--unshare-ipc", "--", *command]
+        self.process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            text=True,
             start_new_session=True,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": os.pathsep.join(sys.path)},
         )
-        weakref.finalize(self, _kill, self._process)
-        return self._process
+        os.set_blocking(self.process.stdout.fileno(), False)
+        self.startup_timeout, self.timeout = verifier.startup_timeout, verifier.timeout
+        self.ready = False  # the worker says when it has started; the first request waits for that first
+        self.requests = 0
+        weakref.finalize(self, _kill, self.process)
 
-    @staticmethod
-    def _read_line(process: subprocess.Popen, timeout: float) -> str | None:
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as selector:
-            selector.register(process.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if selector.select(timeout=deadline - time.monotonic()):
-                    line = process.stdout.readline()
-                    return line or None
-        return None
+    def ask(self, request: dict) -> dict | None:
+        """The worker's reply to ``request``, or None when it did not start within ``startup_timeout``
+        or gave no reply within ``timeout``."""
+        if not self.ready:
+            self.ready = _read_line(self.process.stdout.fileno(), self.startup_timeout) is not None
+            if not self.ready:
+                return None
+        try:
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            self.process.stdin.flush()
+        except OSError:
+            return None
+        line = _read_line(self.process.stdout.fileno(), self.timeout)
+        self.requests += 1
+        try:
+            return json.loads(line) if line is not None else None
+        except ValueError:
+            return None
 
     def close(self) -> None:
-        if self._process is not None:
-            _kill(self._process)
-            self._process = None
+        _kill(self.process)
+
+
+def _read_line(fd: int, timeout: float) -> bytes | None:
+    """One whole line from ``fd`` (non-blocking), or None at the deadline or the end of the stream;
+    never waits past the deadline, however the line arrives."""
+    deadline, data = time.monotonic() + timeout, b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while not data.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not selector.select(timeout=remaining):
+                return None
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return None
+            data += chunk
+    return data
 
 
 def _kill(process: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+    for pipe in (process.stdin, process.stdout):
+        with contextlib.suppress(OSError):
+            pipe.close()
 
 
 def _math(text: str) -> str:

@@ -12,6 +12,8 @@ import sys
 def main() -> None:
     from math_verify import parse, verify
 
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")  # start-up is over: requests get their own budget
+    sys.stdout.flush()
     for line in sys.stdin:
         request = json.loads(line)
         try:

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from propel_core import hookimpl
 from propel_core.domain import ParseError, make_task
 from propel_core.plugins import Registry
 from propel_core.records import Context, Task, Validity
+from propel_core.testing import assert_same_verdicts_concurrently
 from propel_math.plugin import check_oracle, check_spec, extract_answer
 from propel_math.pools import BUILTIN_POOLS, builtin_pool, load_pool
 from propel_math.verify import Verifier
@@ -278,11 +280,34 @@ def test_grader_without_reference_is_ungradable(domain):
 
 
 def test_verifier_timeout_then_recovers():
-    verifier = Verifier(timeout=1e-6)
-    assert verifier.equal("2", "2") is True  # the first request gets the start-up allowance
-    assert verifier.equal("2", "2") is None  # no reply within a microsecond: killed
-    assert verifier.equal("3", "3") is True  # restarted
+    """Start-up has its own allowance, so even a new worker's first request gets only ``timeout``."""
+    verifier = Verifier(timeout=1.0)
+    started = time.monotonic()
+    assert verifier.equal("7", "9^{9^{9^{9}}}") is None  # no reply within the second: killed
+    assert time.monotonic() - started < 30
+    assert verifier.equal("3", "3") is True  # a new worker
     verifier.close()
+
+
+def test_verdicts_are_the_same_graded_in_many_threads(domain):
+    """The executor grades from many threads at once: each thread gets a math-verify worker of its
+    own (one shared worker gave 8 of 16 verdicts wrong in 8 threads, 4 wrong answers solved)."""
+    attempts = [({"problem": "p", "answer": gold}, attempt) for gold, attempt, _ in PEER_TABLE[:16]]
+    assert_same_verdicts_concurrently(domain, attempts, threads=8, rounds=2)
+
+
+def test_an_answer_the_verifier_cannot_finish_is_not_solved():
+    """A tower of powers makes the verifier run out of time on the answer: with the reference
+    comparing in time, that is the attempt's doing (not solved), never ungradable; a reference that
+    cannot be compared in time leaves the attempt ungradable."""
+    domain = Registry.build().domain("math", verify_timeout=2.0)
+    verdict = domain.grade({"problem": "p", "answer": "7"}, "\\boxed{9^{9^{9^{9}}}}")
+    assert verdict.solved is False and "no verdict" in verdict.reason, verdict.reason
+    assert domain.grade({"problem": "p", "answer": "7"}, "\\boxed{7}").solved is True  # its worker was replaced
+    broken = Registry.build().domain("math")
+    broken.verifier = Verifier(memory_mb=1)  # no worker can start: the harness fails, not the attempt
+    verdict = broken.grade({"problem": "p", "answer": "7"}, "\\boxed{7}")
+    assert verdict.solved is None and "did not answer" in verdict.reason
 
 
 def scripted_oracles(replies):

@@ -53,6 +53,10 @@ WORKDIR = "/work"
 MARKER_FILE = "/propel-out/markers"
 SUBMISSION = "submission.csv"
 MAX_SUBMISSION_BYTES = 4 << 20
+# a submission is bounded by the test set before any row is built: an id and a number take well
+# under BYTES_PER_ROW bytes, and beside the header and one line per id only a few blank lines fit
+BYTES_PER_ROW = 64
+SPARE_LINES = 3
 # one thread per numerical library: the address-space limit binds every thread's stack and buffers
 COMMAND = (
     "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1 "
@@ -131,8 +135,11 @@ def read_submission(data: bytes, split: Split, target: str, metric: str) -> tupl
     """The predictions in test-file order, or why the submission breaks the schema: UTF-8 CSV, the
     header ``id,TARGET``, one row per test id and no other, a finite number per row (for a
     classification target, one of the training classes, unless the metric reads probabilities)."""
-    if len(data) > MAX_SUBMISSION_BYTES:
-        return None, f"larger than {MAX_SUBMISSION_BYTES} bytes"
+    limit = min(MAX_SUBMISSION_BYTES, BYTES_PER_ROW * (len(split.ids) + 1))
+    if len(data) > limit:
+        return None, f"larger than {limit} bytes ({BYTES_PER_ROW} a row of the test set's {len(split.ids)})"
+    if data.count(b"\n") > len(split.ids) + SPARE_LINES:
+        return None, f"more than {len(split.ids) + SPARE_LINES} lines for {len(split.ids)} test ids"
     try:
         rows = list(csv.reader(io.StringIO(data.decode("utf-8"))))
     except (UnicodeDecodeError, csv.Error) as exc:

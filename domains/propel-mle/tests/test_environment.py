@@ -254,3 +254,52 @@ def test_an_attempt_without_code_reaches_nothing(mle):
         "no code",
     )
     assert attempt.solved is False
+
+
+@pytest.mark.parametrize(
+    "flood",
+    [
+        "\n" * ((4 << 20) - 20),  # blank lines: once 4 million empty rows, +336 MiB in the grader
+        "\r\n" * ((2 << 20) - 20),
+        "1,0\n" * ((1 << 20) - 20),  # rows that look like predictions
+        "7," + "0" * ((4 << 20) - 40) + "\n",  # one enormous cell
+    ],
+    ids=["blank-lines", "crlf-lines", "rows", "one-cell"],
+)
+def test_the_grader_bounds_a_submission_by_the_test_set_before_building_rows(flood):
+    """The grader runs outside the sandbox: whatever the file holds, it refuses it from its size and
+    line count against the test set, without building rows from it (peak memory checked)."""
+    import tracemalloc
+
+    from propel_mle.environment import read_submission
+
+    parts = split("iris", "target", "a secret")
+    data = ("id,target\n" + flood).encode()
+    tracemalloc.start()
+    predictions, problem = read_submission(data, parts, "target", "accuracy")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert predictions is None and ("larger than" in problem or "lines for" in problem), problem
+    assert peak < 1 << 20, f"{peak >> 20} MiB built from a refused submission"
+
+
+def test_a_flooded_submission_from_a_real_run_is_invalid(mle):
+    code = MALFORMED.replace(
+        'pd.DataFrame({"row": test["id"], "label": model.predict(test[features])}).to_csv("submission.csv", index=False)',
+        'sub = pd.DataFrame({"id": test["id"], "target": model.predict(test[features])})\n'
+        'sub.to_csv("submission.csv", index=False)\n'
+        'open("submission.csv", "a").write("\\n" * (3 << 20))',
+    )
+    verdict = grade(mle, IRIS, code)
+    assert verdict.solved is False and verdict.diagnostics["verifier_score"] is None
+    assert "lines for" in verdict.reason or "larger than" in verdict.reason, verdict.reason
+
+
+def test_verdicts_are_the_same_graded_in_many_threads(mle):
+    from propel_core.testing import assert_same_verdicts_concurrently
+
+    attempts = [
+        (payload, f"```python\n{code}\n```") for payload in (IRIS, DIABETES) for code in (solution(payload), MALFORMED)
+    ]
+    attempts.append((IRIS, "```python\nimport numpy as np\nraise RuntimeError('gave up')\n```"))
+    assert_same_verdicts_concurrently(mle, attempts, threads=4, rounds=1)
