@@ -18,6 +18,14 @@ if ! command -v bwrap >/dev/null; then
         echo "note: bubblewrap is missing; install it (apt-get install bubblewrap) for the sandboxed domains" >&2
     fi
 fi
+# the SWE domain re-runs a bug's failing tests with the clock moved (libfaketime, docs/swe.md)
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && [ ! -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get install -y -q faketime >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q faketime >/dev/null; }
+    else
+        echo "note: libfaketime is missing; install it (apt-get install faketime) for the SWE domain" >&2
+    fi
+fi
 # the SWE domain's docker sandbox: the tests start a private engine where one can run (as root)
 if ! command -v dockerd >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get install -y -q docker.io >/dev/null 2>&1 || echo "note: docker.io not installed; the docker sandbox tests will skip" >&2

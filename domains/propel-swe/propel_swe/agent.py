@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from propel_core.errors import PropelError
-
 BUG_WRITER_TOOLS = ("bash", "submit")
 SOLVER_TOOLS = ("browse", "show", "edit", "bash", "submit")
 CALL = re.compile(r"```([a-z]+)[ \t]*\n(.*?)```", re.DOTALL)
@@ -126,7 +124,9 @@ def run_episode(
 
 
 def execute(ws, call: tuple[str, str], time_limit: float, max_output_chars: int) -> tuple[str, str]:
-    """Run one tool call; (the observation the model sees, the sandbox status)."""
+    """Run one tool call; (the observation the model sees, the sandbox status). Whatever the call's
+    text makes a tool raise (an unclosed quote, a digit ``int`` cannot read, a file that is not
+    UTF-8) is the model's error, shown to it like any other; it never ends the episode."""
     tool, body = call
     try:
         if tool == "bash":
@@ -137,8 +137,8 @@ def execute(ws, call: tuple[str, str], time_limit: float, max_output_chars: int)
             return _show(ws, body), "ok"
         else:  # edit
             return _edit(ws, body), "ok"
-    except (PropelError, OSError) as exc:
-        return f"error: {exc}", "error"
+    except Exception as exc:
+        return f"error: {type(exc).__name__}: {str(exc)[:300]}", "error"
     output = (result.stdout + result.stderr)[-max_output_chars:]
     if result.status == "timeout":
         return f"(timed out after {time_limit:.0f} s)\n{output}", result.status

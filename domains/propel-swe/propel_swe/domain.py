@@ -14,6 +14,7 @@ away); it is graded on a clean checkout again.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import Counter
 from pathlib import Path
@@ -27,7 +28,15 @@ from propel_core.records import Context, Task, Validity
 from propel_swe import agent
 from propel_swe.procedural import Mutants, source_files
 from propel_swe.repos import RepoSpec, load_registry
-from propel_swe.verifier import Baseline, apply_diffs, grade_fix, preflight, verify_bug, workspace
+from propel_swe.verifier import (
+    Baseline,
+    apply_diffs,
+    faketime_library,
+    grade_fix,
+    preflight,
+    verify_bug,
+    workspace,
+)
 
 GENERATORS = ("agent", "procedural")
 NO_MUTANT_LEFT = "no_mutant_left"  # the stop reason of a procedural episode past the last distinct mutant
@@ -74,30 +83,39 @@ class SWE(Domain):
         self._sources: dict[str, dict[str, str]] = {}
         self._mutants: dict[tuple[str, int], Mutants] = {}  # (repository, order seed) -> its mutants
         self._mutants_lock = threading.Lock()
+        self._cache_lock = threading.RLock()  # one preflight and one source listing per repository
 
     # -- repositories -------------------------------------------------------------------------------
 
     @property
     def sandbox(self):
-        if self._sandbox is None:
-            if self.registry is None:
-                raise PropelError("the swe domain gets its sandbox from the registry; create it with Registry.domain")
-            self._sandbox = self.registry.repository_sandbox(self.sandbox_name, **self.sandbox_options)
-        return self._sandbox
+        with self._cache_lock:
+            if self._sandbox is None:
+                if self.registry is None:
+                    raise PropelError(
+                        "the swe domain gets its sandbox from the registry; create it with Registry.domain"
+                    )
+                faketime_library()  # the clock recheck needs it: fail closed, naming the package
+                self._sandbox = self.registry.repository_sandbox(self.sandbox_name, **self.sandbox_options)
+            return self._sandbox
 
     def baseline(self, repo: RepoSpec, force: bool = False) -> Baseline:
-        """The repository's preflight, run once and cached by repository state and test command."""
-        if repo.name in self._baselines and not force:
-            return self._baselines[repo.name]
-        path = self.preflight_dir / f"{repo.key()}.json"
-        if path.exists() and not force:
-            found = Baseline.model_validate_json(path.read_text())
-        else:
-            found = preflight(self.sandbox, repo)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(found.model_dump_json())
-        self._baselines[repo.name] = found
-        return found
+        """The repository's preflight, run once and cached by repository state and test command (the
+        file is replaced whole, so another process never reads half of one)."""
+        with self._cache_lock:
+            if repo.name in self._baselines and not force:
+                return self._baselines[repo.name]
+            path = self.preflight_dir / f"{repo.key()}.json"
+            if path.exists() and not force:
+                found = Baseline.model_validate_json(path.read_text())
+            else:
+                found = preflight(self.sandbox, repo)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                partial.write_text(found.model_dump_json())
+                os.replace(partial, path)
+            self._baselines[repo.name] = found
+            return found
 
     def contexts(self) -> list[Context]:
         """One context per repository that passes preflight (status ok, tests, at most one failure)."""
@@ -185,14 +203,15 @@ class SWE(Domain):
         """The clean checkout's code under test (path -> source), read once per repository: the files
         the suite imported (preflight's ``imported_files``) or, without that list, every code file but
         documentation, examples and tooling (``procedural.source_files``)."""
-        if repo.name not in self._sources:
-            imported = self.baseline(repo).imported_files
-            with workspace(self.sandbox, repo) as ws:
-                listed = ws.run("git ls-files -z").stdout.split("\0")
-                self._sources[repo.name] = {
-                    path: ws.read(path).decode(errors="replace") for path in source_files(listed, imported)
-                }
-        return self._sources[repo.name]
+        with self._cache_lock:
+            if repo.name not in self._sources:
+                imported = self.baseline(repo).imported_files
+                with workspace(self.sandbox, repo) as ws:
+                    listed = ws.run("git ls-files -z").stdout.split("\0")
+                    self._sources[repo.name] = {
+                        path: ws.read(path).decode(errors="replace") for path in source_files(listed, imported)
+                    }
+            return self._sources[repo.name]
 
     def parse(self, generation: str) -> dict[str, Any]:
         try:
@@ -226,7 +245,7 @@ class SWE(Domain):
 
     def verify(self, payload: dict[str, Any]) -> Validity:
         repo = self.repos[payload["repo"]]
-        check = verify_bug(self.sandbox, repo, self.baseline(repo), payload["diff"])
+        check = verify_bug(self.sandbox, repo, self.baseline(repo), payload["diff"], self.clean_sources(repo))
         payload["failing_tests"] = check.failing_tests
         payload["verification"] = {"seconds": round(check.seconds, 3), "outcomes": check.outcomes}
         return Validity(valid=check.valid, reason=check.reason)
@@ -267,18 +286,30 @@ class SWE(Domain):
 
     def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:
         """Solved iff the attempt's final edit makes every baseline-passing test pass on a clean
-        checkout with the bug applied; None (ungradable) after a timeout, a setup or sandbox failure."""
+        checkout with the bug applied. An episode that ran out of its budget is graded on the edit it
+        left, like any other: stalling earns nothing. None (ungradable) only where the harness failed
+        (setup, the sandbox)."""
         try:
             record = json.loads(attempt)
-        except ValueError:
+        except (ValueError, RecursionError):
             return Verdict(None, "the attempt is not a solver trajectory")
-        if record.get("status") != "finished":
+        if not isinstance(record, dict):
+            return Verdict(None, "the attempt is not a solver trajectory")
+        if record.get("status") not in ("finished", "timeout"):
             return Verdict(None, f"attempt {record.get('status')}: {record.get('detail') or 'no final edit'}")
         if not record.get("diff", "").strip():
             return Verdict(False, "the attempt changed nothing", {"turns": len(record.get("turns", []))})
         repo = self.repos[payload["repo"]]
         baseline = self.baseline(repo)
-        solved, reason, diagnostics = grade_fix(self.sandbox, repo, baseline, payload["diff"], record["diff"])
+        solved, reason, diagnostics = grade_fix(
+            self.sandbox,
+            repo,
+            baseline,
+            payload["diff"],
+            record["diff"],
+            self.clean_sources(repo),
+            payload.get("failing_tests") or [],
+        )
         return Verdict(solved, reason, {**diagnostics, "turns": len(record.get("turns", []))})
 
 

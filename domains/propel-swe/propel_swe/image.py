@@ -1,12 +1,13 @@
 """A base image for the docker sandbox, built from this machine's own files, for engines that
-cannot pull from a registry: bash, git, the core utilities, the Python interpreter (standard
-library only) and one virtual environment with a repository's test dependencies, with the shared
+cannot pull from a registry: bash, git, the core utilities, libfaketime, the Python interpreter
+(standard library only) and one virtual environment with a repository's test dependencies, with the shared
 libraries they and every compiled extension in them load. Imported into the engine with ``docker
 import``; the docker sandbox copies a checkout into each container (its ``base_image`` option).
 """
 
 from __future__ import annotations
 
+import glob
 import io
 import os
 import re
@@ -55,6 +56,7 @@ TOOLS = (
     "test",
     "nl",
     "id",
+    "mktemp",
 )
 SKIPPED = re.compile(r"/(site-packages|test|tests|idlelib|tkinter|turtledemo|ensurepip|__pycache__)(/|$)")
 
@@ -74,6 +76,7 @@ def rootfs(python_env: Path) -> bytes:
     interpreter = os.path.realpath(python_env / "bin" / "python")
     base = Path(interpreter).parent.parent
     binaries.append(interpreter)
+    binaries += glob.glob("/usr/lib/*/faketime/libfaketime.so.1")  # the second runner's shifted clock
     # compiled extensions load system libraries too (ctypes: libffi; numpy: libstdc++, ...)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     for folder in (python_env, base / "lib" / version / "lib-dynload"):

@@ -69,7 +69,7 @@ def read_report(stdout: str, key: str) -> Report:
             return Report(problem=f"report line {number + 1} is not under this run's key: forged")
         try:
             event = json.loads(parts[2])
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past what the parser walks: still not an event
             return Report(problem=f"report line {number + 1} is not JSON: forged")
         if not isinstance(event, dict):
             return Report(problem=f"report line {number + 1} is not an event: forged")

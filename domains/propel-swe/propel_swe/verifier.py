@@ -10,11 +10,13 @@ lines on a pipe (``pytest_report``), never from a file or output the code under 
 
 from __future__ import annotations
 
+import glob
 import json
 import secrets
 import shlex
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -22,12 +24,19 @@ from pydantic import BaseModel, Field
 from propel_core.errors import PropelError
 from propel_plugins.sandbox import OUT_DIR
 from propel_swe.diffs import change_problems, is_test_path, run_problems
-from propel_swe.report import PLUGIN, SNAPSHOT, read_report
+from propel_swe.report import OUTCOMES, PLUGIN, SNAPSHOT, read_report
 from propel_swe.repos import RepoSpec
+from propel_swe.screen import screen
 
 MAX_BASELINE_FAILURES = 1  # paper 13.1
 RECHECKS = 3  # failing tests of a bug run again, each alone in a fresh process on a fresh checkout
 MIN_SUITE_SECONDS, SUITE_BUDGET_FACTOR = 30.0, 10.0  # a verification's budget from the preflight's duration
+SECOND_RUNNER = (Path(__file__).parent / "second_runner.py").read_bytes()
+# how far libfaketime moves the clock when a bug's failing tests run again, in two runs: to the end of
+# this range (less a random part of a day), so a bug that only lasts until a date in it is seen, and to
+# a time drawn afresh in it, so a bug that comes back periodically (years ending in 6) has no fixed
+# shift to aim at
+CLOCK_SHIFT_DAYS = (400, 3650)
 
 
 class SuiteRun(BaseModel):
@@ -174,12 +183,14 @@ def _allowed(baseline: Baseline) -> set[str] | None:
     return set(baseline.imported_files) or None
 
 
-def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str) -> Check:
+def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str, sources: dict[str, str] | None = None) -> Check:
     """W(x) for a bug, on a fresh clean checkout: it applies (``git apply --recount``, no fuzz); it
-    only modifies source files the suite imports (``diffs``); the suite, run with our report plugin,
-    leaves tests, their configuration and code untouched, collects exactly the baseline's tests, and
-    at least one test that passed in the baseline now fails inside the test (not in collection or
-    set-up); and each such test (up to ``RECHECKS``) fails again run alone in a fresh process."""
+    only modifies source files the suite imports (``diffs``) and passes the static screen
+    (``screen``; ``sources``: the clean checkout's code, path -> source); the suite, run with our
+    report plugin, leaves tests, their configuration and code untouched, collects exactly the
+    baseline's tests, and at least one test that passed in the baseline now fails inside the test
+    (not in collection or set-up); and each such test (up to ``RECHECKS``) fails again run alone in
+    a fresh process, under both runners (``recheck_failures``)."""
     started = time.monotonic()
 
     def invalid(reason: str, **fields: Any) -> Check:
@@ -198,6 +209,8 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str) -> Check:
             return invalid("the diff changes nothing")
         if problems := change_problems(clean, applied, _allowed(baseline)):
             return invalid("; ".join(problems[:5]))
+        if refused := screened(ws, sources or {}, clean, applied)[1]:
+            return invalid(f"the screen refuses: {'; '.join(refused[:5])}")
         suite, problems = checked_run(ws, repo, budget, applied)
         if problems:
             return invalid("; ".join(problems[:5]))
@@ -222,35 +235,52 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str) -> Check:
 
 
 def recheck_failures(sandbox, repo: RepoSpec, diff: str, tests: list[str], budget: float) -> str | None:
-    """Why the ``tests`` a bug fails do not fail again when each runs alone in a fresh process on a
-    fresh checkout with the bug (a failure that needs the rest of the suite, or a verdict forged in
-    the suite's process); None when each does. A checkout per test: nothing one run leaves behind
-    (a configuration file, a package's metadata) reaches the next."""
+    """Why the ``tests`` a bug fails do not fail again, each alone on a fresh checkout with the bug,
+    under both runners: pytest with our report plugin in a fresh process (a failure that needs the
+    rest of the suite), and the second runner (``second_run``) without propel's plugin or
+    environment, twice, with the clock moved ahead (``clock_shifts``): a failure that our runner,
+    the environment or the date makes, or a verdict forged for one runner. None when each fails under both. A
+    checkout per test: nothing one run leaves behind (a configuration file, a package's metadata)
+    reaches the next."""
     for test in tests:
         with workspace(sandbox, repo) as ws:
             if reason := apply_diffs(ws, [diff]):
                 return reason
             alone, problems = checked_run(ws, repo, budget, snapshot(ws), select=[test])
-        if alone.status != "ok":
-            return f"{test} run alone: the suite did not run ({alone.status}): {alone.detail}"
-        if problems:
-            return "; ".join(problems[:5])
-        if alone.tests != {test: "failed"}:
-            return f"{test} does not fail when run alone (got {alone.tests or 'nothing'})"
+            if alone.status != "ok":
+                return f"{test} run alone: the suite did not run ({alone.status}): {alone.detail}"
+            if problems:
+                return "; ".join(problems[:5])
+            if alone.tests != {test: "failed"}:
+                return f"{test} does not fail when run alone (got {alone.tests or 'nothing'})"
+            seconds = [(shift, second_run(ws, repo, test, budget, shift_clock=shift)) for shift in clock_shifts()]
+        for shift, second in seconds:
+            if second != "failed":
+                return (
+                    f"{test} does not fail under the second runner (no propel plugin or environment, the clock "
+                    f"{shift / 86400 / 365.25:.1f} years ahead): {second}; the runners disagree"
+                )
     return None
 
 
 def grade_fix(
-    sandbox, repo: RepoSpec, baseline: Baseline, bug: str, fix: str
+    sandbox,
+    repo: RepoSpec,
+    baseline: Baseline,
+    bug: str,
+    fix: str,
+    sources: dict[str, str] | None = None,
+    failing_tests: list[str] | None = None,
 ) -> tuple[bool | None, str | None, dict[str, Any]]:
     """(solved, reason, diagnostics): solved iff, on a clean checkout with the bug and then the fix
-    applied, every test that passed in the baseline passes again. The fix is held to the bug's
-    rules: it must apply, change something, only modify source files the suite imports, and the run
-    must leave tests, their configuration and code untouched and report untampered within the
-    budget the bug alone ran in; otherwise it is not solved. None (ungradable) only when the sandbox
-    itself failed."""
+    applied, every test that passed in the baseline passes again, and the bug's failing tests (up to
+    ``RECHECKS`` of ``failing_tests``) pass under the second runner too. The fix is held to the bug's
+    rules: it must apply, change something, only modify source files the suite imports, pass the
+    static screen (``sources``: the clean checkout's code), and the run must leave tests, their
+    configuration and code untouched and report untampered within the budget the bug alone ran in;
+    otherwise it is not solved. None (ungradable) only when the sandbox itself failed."""
     started = time.monotonic()
-    allowed = _allowed(baseline)
+    allowed, budget = _allowed(baseline), suite_budget(repo, baseline)
     with workspace(sandbox, repo) as ws:
         clean = snapshot(ws)
         if reason := apply_diffs(ws, [bug]):
@@ -258,6 +288,7 @@ def grade_fix(
         buggy = snapshot(ws)
         if problems := change_problems(clean, buggy, allowed):
             return None, f"the bug breaks the rules for a change: {'; '.join(problems[:5])}", {}
+        buggy_sources = screened(ws, sources or {}, clean, buggy)[0]
         if reason := apply_diffs(ws, [fix]):
             return False, f"fix {reason}", {}
         fixed = snapshot(ws)
@@ -265,17 +296,92 @@ def grade_fix(
             return False, "the fix changes nothing", {}
         if problems := change_problems(buggy, fixed, allowed):
             return False, f"fix rejected: {'; '.join(problems[:5])}", {}
-        suite, problems = checked_run(ws, repo, suite_budget(repo, baseline), fixed)
+        if refused := screened(ws, {**(sources or {}), **buggy_sources}, buggy, fixed, sources)[1]:
+            return False, f"fix refused by the screen: {'; '.join(refused[:5])}", {}
+        suite, problems = checked_run(ws, repo, budget, fixed)
         if problems:
             return False, "; ".join(problems[:5]), {}
-    diagnostics = {"seconds": time.monotonic() - started}
-    if suite.status == "sandbox_error":
-        return None, f"the suite did not run ({suite.status}): {suite.detail}", diagnostics
-    if suite.status != "ok":  # the bug alone ran and reported within budget: the fix did this
-        return False, f"the suite with the fix did not report ({suite.status}): {suite.detail}", diagnostics
-    passed_before = [test for test, outcome in baseline.tests.items() if outcome == "passed"]
-    broken = [test for test in passed_before if suite.tests.get(test) != "passed"]
-    diagnostics["still_failing"] = len(broken)
-    if broken:
-        return False, f"{len(broken)} baseline-passing tests do not pass (failed, missing or skipped)", diagnostics
+        diagnostics: dict[str, Any] = {"seconds": time.monotonic() - started}
+        if suite.status == "sandbox_error":
+            return None, f"the suite did not run ({suite.status}): {suite.detail}", diagnostics
+        if suite.status != "ok":  # the bug alone ran and reported within budget: the fix did this
+            return False, f"the suite with the fix did not report ({suite.status}): {suite.detail}", diagnostics
+        passed_before = [test for test, outcome in baseline.tests.items() if outcome == "passed"]
+        broken = [test for test in passed_before if suite.tests.get(test) != "passed"]
+        diagnostics["still_failing"] = len(broken)
+        if broken:
+            return False, f"{len(broken)} baseline-passing tests do not pass (failed, missing or skipped)", diagnostics
+        for test in (failing_tests or [])[:RECHECKS]:
+            if (second := second_run(ws, repo, test, budget)) != "passed":
+                reason = f"{test} does not pass under the second runner ({second}); the runners disagree"
+                return False, reason, diagnostics
+    diagnostics["seconds"] = time.monotonic() - started
     return True, None, diagnostics
+
+
+def clock_shifts() -> list[int]:
+    """The two clock shifts (seconds ahead) a bug's failing test runs under (``CLOCK_SHIFT_DAYS``)."""
+    low, high = (days * 86400 for days in CLOCK_SHIFT_DAYS)
+    return [high - secrets.randbelow(86400), low + secrets.randbelow(high - low)]
+
+
+def second_run(ws, repo: RepoSpec, test: str, time_limit: float, shift_clock: int = 0) -> str:
+    """``test``'s outcome under the second runner (``second_runner``): a fresh process with a cleared
+    environment, from a file in a fresh folder of its own, answering with a per-run nonce on a
+    per-run descriptor; with ``shift_clock`` (seconds), under libfaketime with the clock moved that far
+    ahead.
+    Returns passed, failed, skipped or error, or why no trustworthy answer came."""
+    source, nonce = f"{OUT_DIR}/{secrets.token_hex(8)}", secrets.token_hex(16)
+    fd = 4 + secrets.randbelow(6)  # not 3, the first runner's; bash keeps 10 and up for itself
+    made = ws.run(f"mkdir -m 755 {source}")
+    if made.returncode != 0:
+        return f"no answer: could not prepare the run ({made.stderr.strip()[-200:]})"
+    orders = {"test": test, "root": repo.workdir, "nonce": nonce, "fd": fd}
+    ws.write(f"{source}/runner.py", SECOND_RUNNER)
+    ws.write(f"{source}/orders.json", json.dumps(orders).encode())
+    name, orders_name = f"r{secrets.token_hex(6)}", f"o{secrets.token_hex(6)}"
+    clock = ""
+    if shift_clock:  # libfaketime preloaded: the faketime wrapper needs shared memory the sandbox does not give
+        clock = f"LD_PRELOAD={faketime_library()} FAKETIME=+{int(shift_clock)} "
+    command = (
+        f"python=$(command -v python) && d=$(mktemp -d) && cp {source}/runner.py $d/{name}.py && "
+        f"cp {source}/orders.json $d/{orders_name}.json && rm -rf {source} && cd {shlex.quote(repo.workdir)} && "
+        f"env -i PATH=/usr/bin:/bin HOME=$d LANG=C.UTF-8 {clock}$python -I -B $d/{name}.py $d/{orders_name}.json "
+        f"{fd}>&1 >$d/log 2>&1"
+    )
+    result = ws.run(command, time_limit=time_limit)
+    if result.status not in ("ok", "error"):
+        return f"no answer ({result.status})"
+    lines = result.stdout.splitlines()
+    if len(lines) != 1 or not lines[0].startswith(nonce + " "):
+        return f"no answer ({len(lines)} lines on its descriptor)"
+    outcome = lines[0][len(nonce) + 1 :]
+    return outcome if outcome in OUTCOMES else "no answer (not an outcome)"
+
+
+def screened(
+    ws, before: dict[str, str], old: dict[str, str], new: dict[str, str], original: dict[str, str] | None = None
+) -> tuple[dict[str, str], list[str]]:
+    """The sources of the code files that changed between snapshots ``old`` and ``new``, and what the
+    static screen (``screen``) refuses in that change; ``before`` holds their sources at ``old``
+    (a file missing there is read from the checkout's last commit), ``original`` the clean ones."""
+    changed = [path for path, entry in new.items() if entry != old.get(path) and path.endswith(".py")]
+    after = {
+        path: ws.read(path).decode(errors="replace") for path in changed if not new[path].startswith(("dir", "link"))
+    }
+    prior = {path: before[path] if path in before else _committed(ws, path) for path in after}
+    return after, screen(prior, after, original)
+
+
+def _committed(ws, path: str) -> str:
+    shown = ws.run(f"git show HEAD:{shlex.quote(path)}")
+    return shown.stdout if shown.returncode == 0 else ""
+
+
+def faketime_library() -> str:
+    """The path of libfaketime (Debian's ``faketime``/``libfaketime`` packages), which moves the clock of
+    a process it is preloaded into; a PropelError naming the package when it is missing."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1") + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
+    if not found:
+        raise PropelError("the swe domain's clock recheck needs libfaketime: apt-get install faketime")
+    return found[0]

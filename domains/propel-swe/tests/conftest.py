@@ -69,6 +69,19 @@ def tiny_domain(tiny_repo, test_env, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def styles_domain(test_env, tmp_path_factory):
+    """The swe domain on the test-styles repository (xunit set-ups, unittest, fixtures, parameters)."""
+    repo = git_checkout(Path(shutil.copytree(DATA / "teststyles", tmp_path_factory.mktemp("repos") / "teststyles")))
+    return local_domain("teststyles", repo, test_env, tmp_path_factory.mktemp("styles"))
+
+
+@pytest.fixture
+def fresh_tiny_domain(tiny_repo, test_env, tmp_path):
+    """The swe domain on the tiny repository with no preflight made yet."""
+    return local_domain("tinystats", tiny_repo, test_env, tmp_path)
+
+
+@pytest.fixture(scope="session")
 def six_domain(six_repo, test_env, tmp_path_factory):
     """The swe domain on six 1.17.0 (a real project with its own pytest suite), procedural bugs."""
     return local_domain("six", six_repo, test_env, tmp_path_factory.mktemp("six"), generator="procedural")

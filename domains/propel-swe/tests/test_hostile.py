@@ -8,6 +8,7 @@ tampering with files while the suite runs, or by forging the report. Each must b
 
 import json
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -157,12 +158,13 @@ def deadline():
 
 
 @pytest.mark.parametrize("name", sorted(PATH_BUGS) + sorted(RUN_BUGS))
-def test_hostile_bug_is_refused(tiny_domain, name):
+def test_hostile_bug_is_refused(tiny_domain, layer, name):
     diff, reason = {**PATH_BUGS, **RUN_BUGS}[name]
     payload = {"repo": "tinystats", "diff": diff, "turns": ["x"]}
     validity = tiny_domain.verify(payload)
     assert not validity.valid, f"{name} was accepted as a bug"
-    assert reason in validity.reason, validity.reason
+    if layer == "runners" or name in PATH_BUGS:  # the screen, when on, may refuse a run bug first
+        assert reason in validity.reason, validity.reason
 
 
 def solver_attempt(diff: str) -> str:
@@ -176,6 +178,14 @@ PASS_AT_EXIT = (
     "'outcome': 'passed'}))).encode())\n_atexit.register(_forge)\n"
 )
 SKIP_EVERYTHING = "import pytest as _pytest\n_pytest.skip('no tests today', allow_module_level=True)\n"
+DEEP_CHAIN = IN_PYTEST + (
+    "    _os.chdir('/testbed')\n    for _i in range(1500):\n        _os.mkdir('d' * 12)\n        _os.chdir('d' * 12)\n"
+    "    _os.chdir('/testbed')\n"
+)
+DEEP_LINE = (
+    "import os as _os, sys as _sys\n_r = _sys.modules['propel_report']\n"
+    "_os.write(_r.OUT, ('PROPEL-REPORT %s %s\\n' % (_r.KEY, '[' * 100000 + ']' * 100000)).encode())\n"
+)
 HOSTILE_FIXES = {
     "conftest_that_passes_everything": new_file("conftest.py", PASS_ALL, git="a/conftest.py b/conftest.py"),
     "quoted_conftest": new_file("conftest.py", PASS_ALL, new='"b/conftest.py"', git='"a/conftest.py" "b/conftest.py"'),
@@ -195,20 +205,161 @@ HOSTILE_FIXES = {
         IN_PYTEST + "    import signal\n    _os.kill(_os.getpid(), signal.SIGXCPU)\n"
     ),
     "leaves_an_unreadable_file": edit_init(UNREADABLE),
+    # what once left a fix ungradable, which solve-train pays the group's mean reward: a tree the
+    # host's recursive cleanup could not walk, a report line past the JSON parser's depth
+    "builds_a_deep_folder_chain": edit_init(DEEP_CHAIN),
+    "report_line_nested_deep": edit_init(DEEP_LINE),
+    "floods_its_output": edit_init(IN_PYTEST + "    print('x' * (64 << 20))\n"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE_FIXES))
-def test_hostile_fix_does_not_solve(tiny_domain, name):
+def test_hostile_fix_does_not_solve(tiny_domain, layer, name):
     payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": ["tests/test_core.py::test_clamp"]}
     verdict = tiny_domain.grade(payload, solver_attempt(HOSTILE_FIXES[name]))
     assert verdict.solved is False, (name, verdict.solved, verdict.reason)
 
 
-def test_a_real_fix_still_solves(tiny_domain):
-    fix = BUG.replace("a/", "x/").replace("b/", "a/").replace("x/", "b/")
+def reverted(bug: str) -> str:
+    """The diff that undoes ``bug``: a real fix."""
+    fix = bug.replace("a/", "x/").replace("b/", "a/").replace("x/", "b/")
     fix = fix.replace("-    if value > high:", "=").replace("+    if value > low:", "-    if value > low:")
-    fix = fix.replace("=", "+    if value > high:")
+    return fix.replace("=", "+    if value > high:")
+
+
+def test_a_real_fix_still_solves(tiny_domain):
     payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": ["tests/test_core.py::test_clamp"]}
-    verdict = tiny_domain.grade(payload, solver_attempt(fix))
+    verdict = tiny_domain.grade(payload, solver_attempt(reverted(BUG)))
     assert verdict.solved is True, verdict.reason
+
+
+def test_verdicts_are_the_same_graded_in_many_threads(fresh_tiny_domain):
+    """A fresh domain (no preflight yet, so the first graders race to make it) grades fixes from four
+    threads at once exactly as it does one by one."""
+    from propel_core.testing import assert_same_verdicts_concurrently
+
+    domain = fresh_tiny_domain
+    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": ["tests/test_core.py::test_clamp"]}
+    attempts = [reverted(BUG), HOSTILE_FIXES["kills_the_runner"], HOSTILE_FIXES["skips_every_test"], ""]
+    graded = [(payload, solver_attempt(diff)) for diff in attempts]
+    with ThreadPoolExecutor(4) as pool:  # the first verdicts race for the preflight
+        first = list(pool.map(lambda pair: domain.grade(*pair).solved, graded))
+    assert first == [True, False, False, False]
+    assert_same_verdicts_concurrently(domain, graded, threads=4, rounds=1)
+
+
+# -- the in-process forgeries each layer must stop on its own (issue: verdicts the code under test
+# cannot write). Each is a few lines appended to tinystats/__init__.py, an edit the rules allow. ---
+
+CLAMP = "tests/test_core.py::test_clamp"
+ALL_TESTS = [f"tests/test_core.py::{line[4:-3]}" for line in TESTS if line.startswith("def test_")]
+FORGED_FIXES = {
+    # the report plugin's outcome function replaced
+    "outcome_function_replaced": (
+        "import sys as _sys\n_r = _sys.modules.get('propel_report')\nif _r is not None:\n"
+        "    _r._outcome = lambda phases: 'passed'\n"
+    ),
+    # its emitter wrapped, the module found by its attributes rather than its (random) name
+    "emitter_wrapped": (
+        "import sys as _sys\nfor _m in list(_sys.modules.values()):\n"
+        "    if hasattr(_m, '_emit') and hasattr(_m, 'KEY'):\n        _e = _m._emit\n"
+        "        _m._emit = lambda event, _e=_e: _e({**event, 'outcome': 'passed'} if 'outcome' in event else event)\n"
+    ),
+    # pytest's own runner made a no-op: every test passes, whoever reports it
+    "runtest_made_a_no_op": "import _pytest.python as _p\n_p.Function.runtest = lambda self: None\n",
+    # a plugin registered at run time through pytest's config, found with gc
+    "plugin_registered_through_gc": (
+        "import gc as _gc\n\n\nclass _Pass:\n    def pytest_runtest_call(self, item):\n        pass\n\n"
+        "    def pytest_pyfunc_call(self, pyfuncitem):\n        return True\n\n\n"
+        "for _o in _gc.get_objects():\n"
+        "    if type(_o).__name__ == 'Config' and hasattr(_o, 'pluginmanager'):\n"
+        "        _o.pluginmanager.register(_Pass())\n        break\n"
+    ),
+    # the run's key read, a complete stream written, the process ended before pytest says otherwise
+    "stream_written_then_exit": (
+        "import json as _json, os as _os, sys as _sys\n_r = _sys.modules.get('propel_report')\nif _r is not None:\n"
+        f"    for _t in {ALL_TESTS!r}:\n"
+        "        _os.write(_r.OUT, ('PROPEL-REPORT %s %s\\n' % (_r.KEY, _json.dumps({'event': 'test', 'id': _t, "
+        "'outcome': 'passed'}))).encode())\n"
+        "    _os.write(_r.OUT, ('PROPEL-REPORT %s %s\\n' % (_r.KEY, _json.dumps({'event': 'end', 'exitstatus': 0, "
+        "'imported': []}))).encode())\n    _os._exit(0)\n"
+    ),
+    # what both runners call after the test, replaced from inside the function under test
+    "json_dumps_replaced": (
+        "import json as _json\n_dumps = _json.dumps\n\n\n"
+        "def _forged(obj, *args, **kwargs):\n"
+        "    if isinstance(obj, dict) and obj.get('outcome') == 'failed':\n"
+        "        obj = dict(obj, outcome='passed')\n    return _dumps(obj, *args, **kwargs)\n\n\n"
+        "_json.dumps = _forged\n"
+    ),
+    # outside the harness: a value equal to everything passes the test's assertion for real
+    "equal_to_everything": (
+        "class _Any:\n    def __eq__(self, other):\n        return True\n\n\n"
+        "def clamp(value, low, high):\n    return _Any()\n"
+    ),
+}
+BUGGY_CLAMP = "        return high if value > low else _clamp(value, low, high)\n"
+FAKE_BUGS = {
+    # test_clamp reported failed while the code is unchanged (both passed the run-alone recheck)
+    "runtest_raises_for_one_test": (
+        "import _pytest.python as _p\n_run = _p.Function.runtest\n\n\ndef _runtest(self):\n"
+        "    if self.name == 'test_clamp':\n        raise AssertionError('forged')\n    return _run(self)\n\n\n"
+        "_p.Function.runtest = _runtest\n"
+    ),
+    "plugin_registered_through_gc": (
+        "import gc as _gc\n\n\nclass _Fail:\n    def pytest_runtest_call(self, item):\n"
+        "        if item.name == 'test_clamp':\n            raise AssertionError('forged')\n\n\n"
+        "for _o in _gc.get_objects():\n"
+        "    if type(_o).__name__ == 'Config' and hasattr(_o, 'pluginmanager'):\n"
+        "        _o.pluginmanager.register(_Fail())\n        break\n"
+    ),
+    # a bug only where the harness's environment names its plugin
+    "only_under_pytest_plugins": (
+        "import os as _os\nfrom tinystats.core import clamp as _clamp\n\n\ndef clamp(value, low, high):\n"
+        "    if 'PYTEST_PLUGINS' in _os.environ:\n" + BUGGY_CLAMP + "    return _clamp(value, low, high)\n"
+    ),
+    # a time bomb: broken until 2033-05-18, fine after (a one-comment 'fix' would then solve it)
+    "broken_until_a_date": (
+        "import time as _time\nfrom tinystats.core import clamp as _clamp\n\n\ndef clamp(value, low, high):\n"
+        "    if _time.time() < 2e9:\n" + BUGGY_CLAMP + "    return _clamp(value, low, high)\n"
+    ),
+}
+# what each layer stops on its own: the screen sees none of the time bomb (plain code in a function
+# body); the runners cannot see a value that really is equal to everything
+SCREEN_PASSES = {"broken_until_a_date"}
+RUNNERS_PASS = {"equal_to_everything"}
+
+
+@pytest.fixture(params=["screen", "runners"])
+def layer(request, monkeypatch):
+    """Each layer alone: the static screen (the runners still run, but the screen refuses first), or
+    the runners and rechecks with the screen switched off."""
+    if request.param == "runners":
+        from propel_swe import verifier
+
+        monkeypatch.setattr(verifier, "screen", lambda before, after, original=None: [])
+    return request.param
+
+
+@pytest.mark.parametrize("name", sorted(FORGED_FIXES))
+def test_a_forged_fix_is_stopped_by_each_layer(tiny_domain, layer, name):
+    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": [CLAMP]}
+    verdict = tiny_domain.grade(payload, solver_attempt(edit_init(FORGED_FIXES[name])))
+    if layer == "runners" and name in RUNNERS_PASS:
+        assert verdict.solved is True  # the residual the screen alone closes (docs/swe.md)
+        return
+    assert verdict.solved is False, verdict.reason
+    if layer == "screen":
+        assert "refused by the screen" in verdict.reason, verdict.reason
+    else:  # the second runner disagrees, or the first was not fooled at all
+        assert "second runner" in verdict.reason or "do not pass" in verdict.reason, verdict.reason
+
+
+@pytest.mark.parametrize("name", sorted(FAKE_BUGS))
+def test_a_fake_bug_is_stopped_by_each_layer(tiny_domain, layer, name):
+    validity = tiny_domain.verify({"repo": "tinystats", "diff": edit_init(FAKE_BUGS[name]), "turns": ["x"]})
+    assert not validity.valid, name
+    if layer == "screen" and name not in SCREEN_PASSES:
+        assert validity.reason.startswith("the screen refuses"), validity.reason
+    else:
+        assert "does not fail under the second runner" in validity.reason, validity.reason

@@ -53,7 +53,7 @@ def test_a_real_bug_is_valid_and_its_failing_tests_recorded(tiny_domain):
         (BUG.replace("tinystats/core.py", "../core.py"), "does not apply"),
         (STALE, "does not apply"),
         (NO_OP_BUG, "no previously passing test fails"),
-        (SYNTAX_ERROR, "(7 gone, 1 new): sabotage"),
+        (SYNTAX_ERROR, "does not parse"),
     ],
 )
 def test_the_verifier_refuses(tiny_domain, diff, reason):
@@ -95,7 +95,9 @@ def test_a_fix_that_edits_the_tests_is_not_a_solution(tiny_domain):
     assert verdict.solved is False and "touches tests" in verdict.reason
 
 
-def test_a_solver_out_of_time_is_ungradable(tiny_domain, monkeypatch):
+def test_a_solver_out_of_time_is_graded_on_its_edit(tiny_domain, monkeypatch):
+    """Running out the budget is the solver's doing: not solved (never ungradable, which solve-train
+    pays the group's mean reward and labels leave out of the solve rate)."""
     monkeypatch.setattr(tiny_domain, "solver_budget", 2.0)
     payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": []}
     started = time.monotonic()
@@ -103,7 +105,7 @@ def test_a_solver_out_of_time_is_ungradable(tiny_domain, monkeypatch):
     assert time.monotonic() - started < 20
     assert json.loads(attempt)["stop_reason"] == "timeout"
     verdict = tiny_domain.grade(payload, attempt)
-    assert verdict.solved is None and "timeout" in verdict.reason
+    assert verdict.solved is False and verdict.reason == "the attempt changed nothing"
 
 
 def test_scripted_bug_writer_end_to_end(tiny_domain):
@@ -151,3 +153,26 @@ def test_procedural_bugs_pass_the_verifier(tiny_domain, monkeypatch):
         assert payload["generator"] == "procedural" and payload["diff"].startswith("--- a/tinystats/")
         validities.append(tiny_domain.verify(payload))
     assert any(v.valid for v in validities), [v.reason for v in validities]
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        [fenced("show", '"tinystats/core.py')],  # a quote left open
+        [fenced("show", "tinystats/core.py \u00b2")],  # a digit int() cannot read
+        [  # an edit of a file that is not UTF-8
+            fenced("bash", "printf '\\377\\376 x\\n' > tinystats/blob.py"),
+            fenced("edit", "tinystats/blob.py\n<<<<<<< SEARCH\nx\n=======\ny\n>>>>>>> REPLACE"),
+        ],
+    ],
+    ids=["unclosed-quote", "superscript-digit", "edit-not-utf8"],
+)
+def test_a_tool_call_that_makes_a_tool_raise_is_the_models_error(tiny_domain, calls):
+    """What a call's text makes a tool raise is shown to the model as an error; the episode goes on,
+    and the attempt is graded, never left ungradable by the model's own text."""
+    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": []}
+    attempt = tiny_domain.solver_episode(payload, scripted(*calls, fenced("submit")))
+    record = json.loads(attempt)
+    assert record["status"] == "finished", record
+    assert record["turns"][len(calls) - 1]["output"].startswith("error: "), record["turns"]
+    assert tiny_domain.grade(payload, attempt).solved is False

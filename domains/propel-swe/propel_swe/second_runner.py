@@ -1,0 +1,173 @@
+"""The second runner: one test, in a fresh process, judged without pytest's reporting where it can.
+
+It runs inside the sandbox as ``python -I -B RUNNER ORDERS`` with a cleared environment (no variable
+names propel or pytest's plugins), from a folder and file whose names are drawn per run. It reads its
+orders (the test's node id, the descriptor to answer on, the run's nonce) from ORDERS and deletes the
+file before any code of the repository is imported, and takes every function it calls after the test
+(``os.write``, unittest's runners) at that moment too, so code under test that replaces one later
+changes nothing it writes. A plain test (a function, or a method of a plain class or a
+``unittest.TestCase``, taking no fixtures, in a file that uses no fixtures, marks or parametrization,
+with no ``conftest.py`` on its path) is called directly with its xunit set-up and tear-down, as
+pytest calls them, so pytest's runner and its hooks take no part. Any other test runs under
+``pytest.main`` with a recorder object passed in as a plugin: no module name, no ``PYTEST_PLUGINS``.
+Either way it writes one line, ``NONCE OUTCOME``, on the descriptor, a pipe to the harness that
+differs from the first runner's in number, key and format. Outcomes: ``passed``, ``failed`` (the
+test raised), ``skipped``, ``error`` (its set-up failed or it could not be run).
+"""
+
+import importlib
+import json
+import os
+import sys
+import unittest
+from pathlib import Path
+
+WRITE = os.write
+SUITE, RESULT = unittest.TestSuite, unittest.TestResult
+SUITE_RUN, CASE = unittest.TestSuite.run, unittest.TestCase
+NEEDS_PYTEST = ("fixture", "pytestmark", "parametrize", "usefixtures", "pytest.mark")
+MODULE_HOOKS = (("setup_module", "setUpModule"), ("teardown_module", "tearDownModule"))
+
+
+def main() -> None:
+    orders_path = Path(sys.argv[1])
+    orders = json.loads(orders_path.read_text())
+    orders_path.unlink()
+    root, test, nonce, fd = Path(orders["root"]), orders["test"], orders["nonce"], orders["fd"]
+    sys.path.insert(0, str(root))  # as ``python -m pytest`` run from the checkout has it
+    try:
+        outcome = run(root, test)
+    except BaseException:  # the runner could not load or find the test, or the test left the process
+        outcome = "error"
+    data = (nonce + " " + outcome + "\n").encode()
+    while data:
+        data = data[WRITE(fd, data) :]
+
+
+def run(root: Path, test: str) -> str:
+    path, _, names = test.partition("::")
+    file = root / path
+    if "[" in names or _has_conftest(root, file.parent) or any(word in file.read_text() for word in NEEDS_PYTEST):
+        return run_under_pytest(root, test)
+    module = _import(file)
+    owner, function = None, module
+    for name in names.split("::"):
+        owner, function = function, getattr(function, name)
+    if owner is module:
+        owner = None
+    if isinstance(owner, type) and issubclass(owner, CASE):
+        result = RESULT()
+        SUITE_RUN(SUITE([owner(function.__name__)]), result)  # class and module fixtures included
+        if result.errors or result.failures or result.unexpectedSuccesses:
+            return "failed"
+        return "skipped" if result.skipped else "passed"
+    if _takes_fixtures(function, owner):
+        return run_under_pytest(root, test)
+    instance = owner() if owner is not None else None
+    call = getattr(instance, function.__name__) if instance is not None else function
+    return _call(module, instance, call)
+
+
+def _call(module, instance, call) -> str:
+    """Run a plain test between its xunit set-up and tear-down: module, then class and method, or
+    function, each given its argument only where it takes one (as pytest does)."""
+    (setup, setup_alias), (teardown, teardown_alias) = MODULE_HOOKS
+    hooks = [(_hook(module, setup, setup_alias), _hook(module, teardown, teardown_alias), module)]
+    if instance is not None:
+        owner = type(instance)
+        hooks.append((_hook(owner, "setup_class"), _hook(owner, "teardown_class"), owner))
+        hooks.append((_hook(instance, "setup_method"), _hook(instance, "teardown_method"), call))
+    else:
+        hooks.append((_hook(module, "setup_function"), _hook(module, "teardown_function"), call))
+    done, outcome = [], "passed"
+    try:
+        for set_up, tear_down, argument in hooks:
+            if set_up is not None:
+                _optional_argument(set_up, argument)
+            done.append((tear_down, argument))
+    except Exception:
+        outcome = "error"  # a set-up failed: the test never ran
+    if outcome == "passed":
+        try:
+            call()
+        except Exception as exc:
+            outcome = "skipped" if type(exc).__name__ in ("Skipped", "SkipTest") else "failed"
+    for tear_down, argument in reversed(done):
+        if tear_down is not None:
+            try:
+                _optional_argument(tear_down, argument)
+            except Exception:
+                outcome = "error"
+    return outcome
+
+
+def _hook(holder, *names):
+    for name in names:
+        found = getattr(holder, name, None)
+        if callable(found):
+            return found
+    return None
+
+
+def _optional_argument(function, argument) -> None:
+    code = getattr(function, "__code__", None)
+    count = code.co_argcount - (1 if hasattr(function, "__self__") else 0) if code is not None else 0
+    function(argument) if count > 0 else function()
+
+
+def _takes_fixtures(function, owner) -> bool:
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return True
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    return len(names) > (1 if owner is not None else 0)
+
+
+def _has_conftest(root: Path, folder: Path) -> bool:
+    while True:
+        if (folder / "conftest.py").exists():
+            return True
+        if folder == root or root not in folder.parents:
+            return False
+        folder = folder.parent
+
+
+def _import(file: Path):
+    """Import a test file as pytest's default import mode does: its first folder upwards that is not
+    a package goes first on the path, and the module is named from there."""
+    base, parts = file.parent, [file.stem]
+    while (base / "__init__.py").exists():
+        parts.insert(0, base.name)
+        base = base.parent
+    sys.path.insert(0, str(base))
+    return importlib.import_module(".".join(parts))
+
+
+def run_under_pytest(root: Path, test: str) -> str:
+    import pytest
+
+    class Recorder:
+        def __init__(self):
+            self.outcome, self.phases = "error", {}
+
+        def pytest_runtest_logreport(self, report):
+            self.phases[report.when] = report.outcome
+            if report.when == "teardown":
+                phases = self.phases
+                if "failed" in (phases.get("setup"), phases.get("teardown")):
+                    self.outcome = "error"
+                elif phases.get("call") == "failed":
+                    self.outcome = "failed"
+                elif "skipped" in (phases.get("setup"), phases.get("call")):
+                    self.outcome = "skipped"
+                else:
+                    self.outcome = "passed" if phases.get("call") == "passed" else "error"
+
+    recorder = Recorder()
+    os.chdir(root)
+    pytest.main([test, "-q", "-p", "no:cacheprovider"], plugins=[recorder])
+    return recorder.outcome
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""A package whose tests use each way pytest lets a test set itself up: the second runner's checks."""

@@ -1,0 +1,43 @@
+"""The second runner judges each way a test can be written as pytest does, in the real sandbox: the
+tests of a repository written for this (xunit set-ups with and without arguments, a plain
+``setup_class``, ``unittest`` class fixtures, ``setUpModule``, an autouse fixture, parameters) fail
+with a bug and pass with its fix, under the second runner as under pytest."""
+
+import json
+
+from propel_swe.verifier import apply_diffs, second_run, workspace
+
+BUG = "--- a/styles/core.py\n+++ b/styles/core.py\n@@ -1,2 +1,2 @@\n def double(x):\n-    return x * 2\n+    return x * 3\n"
+FIX = BUG.replace("-    return x * 2\n+    return x * 3", "-    return x * 3\n+    return x * 2")
+TESTS = [
+    "tests/test_camel_module.py::test_doubles",
+    "tests/test_fixtures.py::test_doubles_each[1-2]",
+    "tests/test_fixtures.py::test_doubles_what_the_fixture_set",
+    "tests/test_xunit.py::TestClassSetUpWithoutClassmethod::test_doubles",
+    "tests/test_xunit.py::TestRaises::test_doubles_and_refuses_nothing",
+    "tests/test_xunit.py::TestUnittestClassSetUp::test_doubles",
+    "tests/test_xunit.py::test_module_and_function_set_up",
+]
+
+
+def test_each_style_fails_with_the_bug_and_passes_with_the_fix(styles_domain):
+    repo = styles_domain.repos["teststyles"]
+    baseline = styles_domain.baseline(repo)
+    assert {test: baseline.tests[test] for test in TESTS} == dict.fromkeys(TESTS, "passed")
+    with workspace(styles_domain.sandbox, repo) as ws:
+        assert apply_diffs(ws, [BUG]) is None
+        assert {test: second_run(ws, repo, test, 60, shift_clock=400 * 86400) for test in TESTS} == dict.fromkeys(
+            TESTS, "failed"
+        )
+        assert apply_diffs(ws, [FIX]) is None
+        assert {test: second_run(ws, repo, test, 60) for test in TESTS} == dict.fromkeys(TESTS, "passed")
+
+
+def test_a_real_bug_and_its_fix_in_these_styles(styles_domain):
+    payload = {"repo": "teststyles", "diff": BUG, "turns": ["x"]}
+    validity = styles_domain.verify(payload)
+    assert validity.valid, validity.reason
+    assert set(payload["failing_tests"]) == set(TESTS)
+    attempt = {"diff": FIX, "stop_reason": "stop", "status": "finished", "turns": []}
+    verdict = styles_domain.grade(payload, json.dumps(attempt))
+    assert verdict.solved is True, verdict.reason
