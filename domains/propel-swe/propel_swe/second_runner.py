@@ -10,11 +10,13 @@ changes nothing it writes. A plain test (a function, or a method of a plain clas
 with no ``conftest.py`` on its path) is called directly with its xunit set-up and tear-down, as
 pytest calls them, so pytest's runner and its hooks take no part. Any other test runs under
 ``pytest.main`` with a recorder object passed in as a plugin: no module name, no ``PYTEST_PLUGINS``.
-Either way it writes one line, ``NONCE OUTCOME``, on the descriptor, a pipe to the harness that
+It takes a list of tests and writes one line, ``NONCE OUTCOME ...`` (one word a test, in order), on
+the descriptor, a pipe to the harness that
 differs from the first runner's in number, key and format. Outcomes: ``passed``, ``failed`` (the
 test raised), ``skipped``, ``error`` (its set-up failed or it could not be run).
 """
 
+import contextlib
 import importlib
 import json
 import os
@@ -33,23 +35,36 @@ def main() -> None:
     orders_path = Path(sys.argv[1])
     orders = json.loads(orders_path.read_text())
     orders_path.unlink()
-    root, test, nonce, fd = Path(orders["root"]), orders["test"], orders["nonce"], orders["fd"]
+    root, tests, nonce, fd = Path(orders["root"]), orders["tests"], orders["nonce"], orders["fd"]
     sys.path.insert(0, str(root))  # as ``python -m pytest`` run from the checkout has it
     try:
-        outcome = run(root, test)
-    except BaseException:  # the runner could not load or find the test, or the test left the process
-        outcome = "error"
-    data = (nonce + " " + outcome + "\n").encode()
+        outcomes = run(root, tests)
+    except BaseException:  # the runner could not load or find a test, or a test left the process
+        outcomes = ["error"] * len(tests)
+    data = (nonce + " " + " ".join(outcomes) + "\n").encode()
     while data:
         data = data[WRITE(fd, data) :]
 
 
-def run(root: Path, test: str) -> str:
+def run(root: Path, tests: list[str]) -> list[str]:
+    """Each test's outcome, in order: the plain ones called directly, the others in one pytest session."""
+    outcomes = {test: run_directly(root, test) for test in tests if not _needs_pytest(root, test)}
+    _leave_scopes()
+    others = [test for test in tests if test not in outcomes]
+    if others:
+        outcomes.update(run_under_pytest(root, others))
+    return [outcomes.get(test, "error") for test in tests]
+
+
+def _needs_pytest(root: Path, test: str) -> bool:
     path, _, names = test.partition("::")
     file = root / path
-    if "[" in names or _has_conftest(root, file.parent) or any(word in file.read_text() for word in NEEDS_PYTEST):
-        return run_under_pytest(root, test)
-    module = _import(file)
+    return "[" in names or _has_conftest(root, file.parent) or any(word in file.read_text() for word in NEEDS_PYTEST)
+
+
+def run_directly(root: Path, test: str) -> str:
+    path, _, names = test.partition("::")
+    module = _import(root / path)
     owner, function = None, module
     for name in names.split("::"):
         owner, function = function, getattr(function, name)
@@ -62,43 +77,65 @@ def run(root: Path, test: str) -> str:
             return "failed"
         return "skipped" if result.skipped else "passed"
     if _takes_fixtures(function, owner):
-        return run_under_pytest(root, test)
+        return run_under_pytest(root, [test])[test]
     instance = owner() if owner is not None else None
     call = getattr(instance, function.__name__) if instance is not None else function
     return _call(module, instance, call)
 
 
 def _call(module, instance, call) -> str:
-    """Run a plain test between its xunit set-up and tear-down: module, then class and method, or
-    function, each given its argument only where it takes one (as pytest does)."""
+    """Run a plain test between its xunit set-up and tear-down, as pytest does: the module's and the
+    class's once per process (``SCOPES``, torn down at the end), the method's or function's around
+    the call, each given its argument only where it takes one."""
     (setup, setup_alias), (teardown, teardown_alias) = MODULE_HOOKS
-    hooks = [(_hook(module, setup, setup_alias), _hook(module, teardown, teardown_alias), module)]
+    if not _enter(module, _hook(module, setup, setup_alias), _hook(module, teardown, teardown_alias), module):
+        return "error"
     if instance is not None:
         owner = type(instance)
-        hooks.append((_hook(owner, "setup_class"), _hook(owner, "teardown_class"), owner))
-        hooks.append((_hook(instance, "setup_method"), _hook(instance, "teardown_method"), call))
+        if not _enter(owner, _hook(owner, "setup_class"), _hook(owner, "teardown_class"), owner):
+            return "error"
+        set_up, tear_down = _hook(instance, "setup_method"), _hook(instance, "teardown_method")
     else:
-        hooks.append((_hook(module, "setup_function"), _hook(module, "teardown_function"), call))
-    done, outcome = [], "passed"
+        set_up, tear_down = _hook(module, "setup_function"), _hook(module, "teardown_function")
     try:
-        for set_up, tear_down, argument in hooks:
+        if set_up is not None:
+            _optional_argument(set_up, call)
+    except Exception:
+        return "error"  # the set-up failed: the test never ran
+    try:
+        call()
+        outcome = "passed"
+    except Exception as exc:
+        outcome = "skipped" if type(exc).__name__ in ("Skipped", "SkipTest") else "failed"
+    if tear_down is not None:
+        try:
+            _optional_argument(tear_down, call)
+        except Exception:
+            outcome = "error"
+    return outcome
+
+
+SCOPES: dict[int, bool] = {}  # id of a module or class -> whether its set-up succeeded
+TEARDOWNS: list = []  # (tear-down, argument) of each scope set up, in order
+
+
+def _enter(holder, set_up, tear_down, argument) -> bool:
+    if id(holder) not in SCOPES:
+        try:
             if set_up is not None:
                 _optional_argument(set_up, argument)
-            done.append((tear_down, argument))
-    except Exception:
-        outcome = "error"  # a set-up failed: the test never ran
-    if outcome == "passed":
-        try:
-            call()
-        except Exception as exc:
-            outcome = "skipped" if type(exc).__name__ in ("Skipped", "SkipTest") else "failed"
-    for tear_down, argument in reversed(done):
-        if tear_down is not None:
-            try:
+            SCOPES[id(holder)] = True
+            TEARDOWNS.append((tear_down, argument))
+        except Exception:
+            SCOPES[id(holder)] = False
+    return SCOPES[id(holder)]
+
+
+def _leave_scopes() -> None:
+    for tear_down, argument in reversed(TEARDOWNS):
+        if tear_down is not None:  # a failure here pytest reports on the last test; the outcomes are in
+            with contextlib.suppress(Exception):
                 _optional_argument(tear_down, argument)
-            except Exception:
-                outcome = "error"
-    return outcome
 
 
 def _hook(holder, *names):
@@ -143,30 +180,31 @@ def _import(file: Path):
     return importlib.import_module(".".join(parts))
 
 
-def run_under_pytest(root: Path, test: str) -> str:
+def run_under_pytest(root: Path, tests: list[str]) -> dict[str, str]:
     import pytest
 
     class Recorder:
         def __init__(self):
-            self.outcome, self.phases = "error", {}
+            self.outcomes, self.phases = {}, {}
 
         def pytest_runtest_logreport(self, report):
-            self.phases[report.when] = report.outcome
+            phases = self.phases.setdefault(report.nodeid, {})
+            phases[report.when] = report.outcome
             if report.when == "teardown":
-                phases = self.phases
                 if "failed" in (phases.get("setup"), phases.get("teardown")):
-                    self.outcome = "error"
+                    outcome = "error"
                 elif phases.get("call") == "failed":
-                    self.outcome = "failed"
+                    outcome = "failed"
                 elif "skipped" in (phases.get("setup"), phases.get("call")):
-                    self.outcome = "skipped"
+                    outcome = "skipped"
                 else:
-                    self.outcome = "passed" if phases.get("call") == "passed" else "error"
+                    outcome = "passed" if phases.get("call") == "passed" else "error"
+                self.outcomes[report.nodeid] = outcome
 
     recorder = Recorder()
     os.chdir(root)
-    pytest.main([test, "-q", "-p", "no:cacheprovider"], plugins=[recorder])
-    return recorder.outcome
+    pytest.main([*tests, "-q", "-p", "no:cacheprovider"], plugins=[recorder])
+    return {test: recorder.outcomes.get(test, "error") for test in tests}
 
 
 if __name__ == "__main__":

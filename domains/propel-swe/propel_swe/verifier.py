@@ -253,7 +253,7 @@ def recheck_failures(sandbox, repo: RepoSpec, diff: str, tests: list[str], budge
                 return "; ".join(problems[:5])
             if alone.tests != {test: "failed"}:
                 return f"{test} does not fail when run alone (got {alone.tests or 'nothing'})"
-            seconds = [(shift, second_run(ws, repo, test, budget, shift_clock=shift)) for shift in clock_shifts()]
+            seconds = [(shift, second_run(ws, repo, [test], budget, shift)[test]) for shift in clock_shifts()]
         for shift, second in seconds:
             if second != "failed":
                 return (
@@ -273,8 +273,8 @@ def grade_fix(
     failing_tests: list[str] | None = None,
 ) -> tuple[bool | None, str | None, dict[str, Any]]:
     """(solved, reason, diagnostics): solved iff, on a clean checkout with the bug and then the fix
-    applied, every test that passed in the baseline passes again, and the bug's failing tests (up to
-    ``RECHECKS`` of ``failing_tests``) pass under the second runner too. The fix is held to the bug's
+    applied, every test that passed in the baseline passes again, and the bug's failing tests
+    (``failing_tests``) pass under the second runner too, all in one process of its own. The fix is held to the bug's
     rules: it must apply, change something, only modify source files the suite imports, pass the
     static screen (``sources``: the clean checkout's code), and the run must leave tests, their
     configuration and code untouched and report untampered within the budget the bug alone ran in;
@@ -311,8 +311,9 @@ def grade_fix(
         diagnostics["still_failing"] = len(broken)
         if broken:
             return False, f"{len(broken)} baseline-passing tests do not pass (failed, missing or skipped)", diagnostics
-        for test in (failing_tests or [])[:RECHECKS]:
-            if (second := second_run(ws, repo, test, budget)) != "passed":
+        rechecked = list(failing_tests or [])
+        for test, second in (second_run(ws, repo, rechecked, budget) if rechecked else {}).items():
+            if second != "passed":
                 reason = f"{test} does not pass under the second runner ({second}); the runners disagree"
                 return False, reason, diagnostics
     diagnostics["seconds"] = time.monotonic() - started
@@ -325,18 +326,22 @@ def clock_shifts() -> list[int]:
     return [high - secrets.randbelow(86400), low + secrets.randbelow(high - low)]
 
 
-def second_run(ws, repo: RepoSpec, test: str, time_limit: float, shift_clock: int = 0) -> str:
-    """``test``'s outcome under the second runner (``second_runner``): a fresh process with a cleared
-    environment, from a file in a fresh folder of its own, answering with a per-run nonce on a
-    per-run descriptor; with ``shift_clock`` (seconds), under libfaketime with the clock moved that far
-    ahead.
-    Returns passed, failed, skipped or error, or why no trustworthy answer came."""
+def second_run(ws, repo: RepoSpec, tests: list[str], time_limit: float, shift_clock: int = 0) -> dict[str, str]:
+    """The ``tests``' outcomes under the second runner (``second_runner``), in one fresh process with a
+    cleared environment, started from a file in a fresh folder of its own, answering with a per-run
+    nonce on a per-run descriptor; with ``shift_clock`` (seconds), under libfaketime with the clock
+    moved that far ahead. Each outcome is passed, failed, skipped or error, or why no trustworthy
+    answer came."""
     source, nonce = f"{OUT_DIR}/{secrets.token_hex(8)}", secrets.token_hex(16)
     fd = 4 + secrets.randbelow(6)  # not 3, the first runner's; bash keeps 10 and up for itself
+
+    def no_answer(why: str) -> dict[str, str]:
+        return dict.fromkeys(tests, f"no answer ({why})")
+
     made = ws.run(f"mkdir -m 755 {source}")
     if made.returncode != 0:
-        return f"no answer: could not prepare the run ({made.stderr.strip()[-200:]})"
-    orders = {"test": test, "root": repo.workdir, "nonce": nonce, "fd": fd}
+        return no_answer(f"could not prepare the run: {made.stderr.strip()[-200:]}")
+    orders = {"tests": tests, "root": repo.workdir, "nonce": nonce, "fd": fd}
     ws.write(f"{source}/runner.py", SECOND_RUNNER)
     ws.write(f"{source}/orders.json", json.dumps(orders).encode())
     name, orders_name = f"r{secrets.token_hex(6)}", f"o{secrets.token_hex(6)}"
@@ -351,12 +356,14 @@ def second_run(ws, repo: RepoSpec, test: str, time_limit: float, shift_clock: in
     )
     result = ws.run(command, time_limit=time_limit)
     if result.status not in ("ok", "error"):
-        return f"no answer ({result.status})"
+        return no_answer(result.status)
     lines = result.stdout.splitlines()
     if len(lines) != 1 or not lines[0].startswith(nonce + " "):
-        return f"no answer ({len(lines)} lines on its descriptor)"
-    outcome = lines[0][len(nonce) + 1 :]
-    return outcome if outcome in OUTCOMES else "no answer (not an outcome)"
+        return no_answer(f"{len(lines)} lines on its descriptor")
+    outcomes = lines[0][len(nonce) + 1 :].split(" ")
+    if len(outcomes) != len(tests) or not set(outcomes) <= set(OUTCOMES):
+        return no_answer("not one outcome a test")
+    return dict(zip(tests, outcomes, strict=True))
 
 
 def screened(
