@@ -58,6 +58,8 @@ def plugins(as_json: bool) -> None:
         return
     for plugin in described:
         click.echo(f"{plugin['name']} {plugin['version'] or ''}".rstrip())
+        if "broken" in plugin:
+            click.echo(f"  broken, left out: {plugin['broken']}")
         for kind, names in plugin["registers"].items():
             click.echo(f"  {kind.replace('_', ' ')}: {', '.join(names)}")
 
@@ -196,7 +198,11 @@ def _plugin_manager():
     from propel_core.plugins import get_plugin_manager
 
     manager = get_plugin_manager()
-    manager.hook.register_commands(cli=cli)
+    for impl in manager.hook.register_commands.get_hookimpls():
+        try:
+            impl.function(**{arg: cli for arg in impl.argnames})
+        except Exception as exc:  # its commands are missing; every other plugin's work
+            manager.leave_out(impl.plugin_name, None, exc)
     return manager
 
 

@@ -7,6 +7,7 @@ any model loads, naming the key, the bad value and what is allowed; names of plu
 
 from __future__ import annotations
 
+import logging
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -14,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from propel_core.errors import PropelError
-from propel_core.plugins import KINDS, Registry, unknown_message
+from propel_core.plugins import Registry
 
 
 class ConfigError(PropelError):
@@ -136,7 +137,21 @@ class LabelConfig(Section):
             raise ValueError(f"band_low ({self.band_low}) must not exceed band_high ({self.band_high})")
         if self.min_valid_attempts > self.k:
             raise ValueError(f"min_valid_attempts ({self.min_valid_attempts}) exceeds k ({self.k})")
+        if not self.reachable_in_band():
+            logging.getLogger("propel").warning(
+                "label: no solve rate that k=%d attempts can give lies in the band [%.4g, %.4g], so every task "
+                "will be out of band and the probe will have no positives; widen label.band_low/band_high or "
+                "raise label.k",
+                self.k,
+                self.band_low,
+                self.band_high,
+            )
         return self
+
+    def reachable_in_band(self) -> bool:
+        """Whether some solve rate j/n (n gradable attempts, ``min_valid_attempts`` <= n <= k) is in band."""
+        rates = (j / n for n in range(self.min_valid_attempts, self.k + 1) for j in range(n + 1))
+        return any(self.band_low - 1e-9 <= rate <= self.band_high + 1e-9 for rate in rates)
 
 
 class ProbeConfig(Section):
@@ -423,7 +438,7 @@ def check_components(model: BaseModel, registry: Registry, prefix: str = "") -> 
         installed = registry.names(kind)
         for item in value if isinstance(value, list) else [] if value is None else [value]:
             if item not in installed:
-                problems.append(f"{key}: {unknown_message(KINDS[kind][1], item, installed)}")
+                problems.append(f"{key}: {registry.unknown(kind, item)}")
     return problems
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -57,23 +58,60 @@ class UnknownComponent(PropelError):
     """A config or call asked for a name nobody registered."""
 
 
-def get_plugin_manager(load_entrypoints: bool = True) -> pluggy.PluginManager:
+@dataclass(frozen=True)
+class BrokenPlugin:
+    """An entry-point plugin that failed to import or to register, and was left out."""
+
+    name: str
+    distribution: str | None
+    error: str
+
+    def line(self) -> str:
+        """One line naming the plugin, its distribution and the fix."""
+        remove = f"pip uninstall {self.distribution}" if self.distribution else "uninstall it"
+        return (
+            f"plugin {self.name!r}" + (f" (distribution {self.distribution})" if self.distribution else "")
+            + f" is broken and was left out: {self.error}; fix it, {remove}, or load only the plugins you"
+            " want with PROPEL_LOAD_PLUGINS=name,..."
+        )  # fmt: skip
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's plugin manager, with the entry-point plugins that could not be loaded (``broken``)."""
+
+    def __init__(self) -> None:
+        super().__init__("propel")
+        self.broken: list[BrokenPlugin] = []
+
+    def leave_out(self, name: str, distribution: str | None, exc: BaseException) -> None:
+        """Unregister plugin ``name`` (if it got that far) and remember why it is broken."""
+        if self.get_plugin(name) is not None:
+            self.unregister(name=name)
+        self.broken.append(BrokenPlugin(name, distribution, f"{type(exc).__name__}: {str(exc)[:200]}"))
+        logging.getLogger("propel").warning("propel: %s", self.broken[-1].line())
+
+
+def get_plugin_manager(load_entrypoints: bool = True) -> PluginManager:
     """A fresh plugin manager: specs, entry-point plugins, then the built-ins.
 
     ``PROPEL_LOAD_PLUGINS=a,b`` loads only the entry-point plugins named ``a`` and ``b`` (by entry
-    point or distribution name); an empty value loads none. Built-ins always load.
+    point or distribution name); an empty value loads none. Built-ins always load. An entry-point
+    plugin that fails to import or to register is left out and listed in ``broken``; the others load.
     """
-    pm = pluggy.PluginManager("propel")
+    pm = PluginManager()
     pm.add_hookspecs(hookspecs)
     if load_entrypoints:
         allowed = os.environ.get("PROPEL_LOAD_PLUGINS")
-        if allowed is None:
-            pm.load_setuptools_entrypoints("propel")
-        else:
-            wanted = {name.strip() for name in allowed.split(",") if name.strip()}
-            for ep in importlib.metadata.entry_points(group="propel"):
-                if ep.name in wanted or (ep.dist and ep.dist.name in wanted):
-                    pm.register(ep.load(), name=ep.name)
+        wanted = None if allowed is None else {name.strip() for name in allowed.split(",") if name.strip()}
+        for ep in importlib.metadata.entry_points(group="propel"):
+            distribution = ep.dist.name if ep.dist else None
+            if pm.get_plugin(ep.name) is not None or (wanted is not None and not {ep.name, distribution} & wanted):
+                continue
+            try:
+                pm.register(ep.load(), name=ep.name)
+                pm.check_pending()  # a hook no spec knows: the plugin was written for another propel
+            except Exception as exc:
+                pm.leave_out(ep.name, distribution, exc)
     for module_name in DEFAULT_PLUGINS:
         pm.register(importlib.import_module(module_name), name=module_name)
     pm.check_pending()
@@ -99,12 +137,33 @@ class Registry:
 
     @classmethod
     def build(cls, pm: pluggy.PluginManager | None = None) -> Registry:
+        """Every plugin's components; a plugin whose ``register_*`` hook raises is left out whole (its
+        components too) and listed in ``broken``, like one that failed to import."""
         registry = cls(pm or get_plugin_manager())
+        registry.components = {kind: {} for kind in KINDS}
         for kind, (hook_name, _) in KINDS.items():
-            registry.components[kind] = {}
             for impl in getattr(registry.pm.hook, hook_name).get_hookimpls():
-                registry._collect(kind, impl)
+                try:
+                    registry._collect(kind, impl)
+                except DuplicateComponent:
+                    raise
+                except Exception as exc:
+                    registry._leave_out(impl.plugin_name, exc)
         return registry
+
+    @property
+    def broken(self) -> list[BrokenPlugin]:
+        return list(getattr(self.pm, "broken", []))
+
+    def _leave_out(self, plugin_name: str, exc: Exception) -> None:
+        for by_name in self.components.values():
+            for name in [name for name, component in by_name.items() if component.plugin == plugin_name]:
+                del by_name[name]
+        distributions = {ep.name: ep.dist.name for ep in importlib.metadata.entry_points(group="propel") if ep.dist}
+        if isinstance(self.pm, PluginManager):
+            self.pm.leave_out(plugin_name, distributions.get(plugin_name), exc)
+        else:
+            raise exc
 
     def _collect(self, kind: str, impl: pluggy.HookImpl) -> None:
         plugin_name = impl.plugin_name
@@ -129,7 +188,13 @@ class Registry:
         try:
             return self.components[kind][name].obj
         except KeyError:
-            raise UnknownComponent(unknown_message(KINDS[kind][1], name, self.names(kind))) from None
+            raise UnknownComponent(self.unknown(kind, name)) from None
+
+    def unknown(self, kind: str, name: object) -> str:
+        """Why ``name`` is no installed component of ``kind``: the installed ones, the closest, and every
+        broken plugin (one of which may be where it would have come from)."""
+        message = unknown_message(KINDS[kind][1], name, self.names(kind))
+        return "; ".join([message, *(plugin.line() for plugin in self.broken)])
 
     def context_sampler(self, name: str, contexts: list[Any], seed: int, **options: Any) -> ContextSampler:
         """The context sampler ``name`` over ``contexts``, seeded."""
@@ -193,6 +258,9 @@ class Registry:
                 plugins[component.plugin]["registers"].setdefault(kind, []).append(component.name)
         for entry in plugins.values():
             entry["registers"] = {k: sorted(v) for k, v in sorted(entry["registers"].items())}
+        for plugin in self.broken:
+            plugins[plugin.name] = {"name": plugin.name, "version": versions.get(plugin.name), "registers": {}}
+            plugins[plugin.name]["broken"] = plugin.error
         return sorted(plugins.values(), key=lambda p: p["name"])
 
 

@@ -135,3 +135,21 @@ def test_a_sweep_axis_lists_each_value_once(propel_registry, field, value, named
     """A repeated layer, architecture, ... would train the same cells twice and merge their results."""
     with pytest.raises(ConfigError, match=rf"probe.*{field} lists {named} more than once"):
         validate_config({"domain": {"name": "arithmetic"}, "probe": {field: value}}, propel_registry)
+
+
+@pytest.mark.parametrize(
+    ("label", "reachable"),
+    [
+        ({"k": 2}, False),  # 0, 0.5, 1: none in the default band 1/8..3/8
+        ({"k": 1}, False),
+        ({"k": 3}, True),  # 1/3
+        ({"k": 8}, True),
+        ({"k": 2, "band_low": 0.5, "band_high": 0.5}, True),
+        ({"k": 4, "min_valid_attempts": 4, "band_low": 0.3, "band_high": 0.4}, False),  # 1/4, 2/4 straddle it
+        ({"k": 4, "min_valid_attempts": 3, "band_low": 0.3, "band_high": 0.4}, True),  # 1/3 with a null attempt
+    ],
+)
+def test_a_band_no_solve_rate_can_reach_is_named_when_the_config_is_read(propel_registry, caplog, label, reachable):
+    config = validate_config({"domain": {"name": "countdown"}, "label": label}, propel_registry)
+    assert config.label.reachable_in_band() is reachable
+    assert ("no solve rate that k=" in caplog.text) is not reachable
