@@ -298,8 +298,8 @@ def test_a_flooded_submission_from_a_real_run_is_invalid(mle):
 def test_verdicts_are_the_same_graded_in_many_threads(mle):
     from propel_core.testing import assert_same_verdicts_concurrently
 
-    attempts = [
-        (payload, f"```python\n{code}\n```") for payload in (IRIS, DIABETES) for code in (solution(payload), MALFORMED)
+    codes = [solution(IRIS), MALFORMED, "import numpy as np\nraise RuntimeError('gave up')"]
+    attempts = [(IRIS, f"```python\n{code}\n```") for code in codes] + [
+        (DIABETES, f"```python\n{solution(DIABETES)}\n```")
     ]
-    attempts.append((IRIS, "```python\nimport numpy as np\nraise RuntimeError('gave up')\n```"))
     assert_same_verdicts_concurrently(mle, attempts, threads=4, rounds=1)

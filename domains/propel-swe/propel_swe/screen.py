@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import re
 from collections import Counter
 
@@ -92,7 +93,14 @@ def screen(before: dict[str, str], after: dict[str, str], original: dict[str, st
 
 def features(source: str) -> Counter[str] | None:
     """What a file's code can reach and what it runs at import time, as counted features; None when
-    it does not parse."""
+    it does not parse. Remembered per source (a repository's clean files are screened against again
+    and again)."""
+    found = _features(source)
+    return None if found is None else Counter(found)
+
+
+@functools.lru_cache(maxsize=256)
+def _features(source: str) -> Counter[str] | None:
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
