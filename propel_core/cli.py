@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from importlib.resources import files
 from pathlib import Path
 
@@ -210,8 +211,28 @@ _add_stage_commands()
 PLUGIN_MANAGER = _plugin_manager()
 
 
+GLOBAL_FLAGS = ("-q", "--quiet")
+
+
+def global_flags_first(args: list[str]) -> list[str]:
+    """``args`` with ``-q``/``--quiet`` moved before the command wherever they were written
+    (``propel generate cfg.yaml -q``), unless that command has a ``-q`` of its own."""
+    command = cli.commands.get(next((arg for arg in args if not arg.startswith("-")), ""))
+    own = {opt for param in (command.params if command else []) for opt in getattr(param, "opts", [])}
+    moved = [arg for arg in args if arg in GLOBAL_FLAGS and arg not in own]
+    if "--" in args:  # what follows -- is never a flag
+        moved = [arg for arg in args[: args.index("--")] if arg in moved]
+    rest, taken = [], list(moved)
+    for arg in args:
+        if arg in taken:
+            taken.remove(arg)
+        else:
+            rest.append(arg)
+    return [*moved, *rest]
+
+
 def main() -> None:
-    cli(prog_name="propel")
+    cli(args=global_flags_first(sys.argv[1:]), prog_name="propel")
 
 
 if __name__ == "__main__":

@@ -84,3 +84,15 @@ def test_plugins_listing_imports_no_heavy_library():
         "heavy = sorted({'torch', 'transformers', 'trl', 'peft'} & set(sys.modules)); print(heavy)"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+def test_global_flags_work_after_the_command(propel_cli, tmp_path):
+    from propel_core.cli import global_flags_first
+
+    assert global_flags_first(["generate", "c.yaml", "-q"]) == ["-q", "generate", "c.yaml"]
+    assert global_flags_first(["--quiet", "run", "c.yaml", "label.k=4"]) == ["--quiet", "run", "c.yaml", "label.k=4"]
+    assert global_flags_first(["config", "c.yaml", "--", "-q"]) == ["config", "c.yaml", "--", "-q"]
+    config = tmp_path / "c.yaml"
+    config.write_text("domain:\n  name: countdown\n")
+    after = propel_cli("config", str(config), "-q")
+    assert after.stdout == propel_cli("-q", "config", str(config)).stdout and "countdown" in after.stdout
