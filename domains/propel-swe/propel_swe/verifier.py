@@ -209,7 +209,7 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str, sources: 
             return invalid("the diff changes nothing")
         if problems := change_problems(clean, applied, _allowed(baseline)):
             return invalid("; ".join(problems[:5]))
-        if refused := screened(ws, sources or {}, clean, applied)[1]:
+        if refused := screened(ws, sources or {}, clean, applied):
             return invalid(f"the screen refuses: {'; '.join(refused[:5])}")
         suite, problems = checked_run(ws, repo, budget, applied)
         if problems:
@@ -288,7 +288,7 @@ def grade_fix(
         buggy = snapshot(ws)
         if problems := change_problems(clean, buggy, allowed):
             return None, f"the bug breaks the rules for a change: {'; '.join(problems[:5])}", {}
-        buggy_sources = screened(ws, sources or {}, clean, buggy)[0]
+        buggy_sources = changed_sources(ws, clean, buggy)  # the fix is screened against the bug
         if reason := apply_diffs(ws, [fix]):
             return False, f"fix {reason}", {}
         fixed = snapshot(ws)
@@ -296,7 +296,7 @@ def grade_fix(
             return False, "the fix changes nothing", {}
         if problems := change_problems(buggy, fixed, allowed):
             return False, f"fix rejected: {'; '.join(problems[:5])}", {}
-        if refused := screened(ws, {**(sources or {}), **buggy_sources}, buggy, fixed, sources)[1]:
+        if refused := screened(ws, {**(sources or {}), **buggy_sources}, buggy, fixed, sources):
             return False, f"fix refused by the screen: {'; '.join(refused[:5])}", {}
         suite, problems = checked_run(ws, repo, budget, fixed)
         if problems:
@@ -366,18 +366,23 @@ def second_run(ws, repo: RepoSpec, tests: list[str], time_limit: float, shift_cl
     return dict(zip(tests, outcomes, strict=True))
 
 
-def screened(
-    ws, before: dict[str, str], old: dict[str, str], new: dict[str, str], original: dict[str, str] | None = None
-) -> tuple[dict[str, str], list[str]]:
-    """The sources of the code files that changed between snapshots ``old`` and ``new``, and what the
-    static screen (``screen``) refuses in that change; ``before`` holds their sources at ``old``
-    (a file missing there is read from the checkout's last commit), ``original`` the clean ones."""
+def changed_sources(ws, old: dict[str, str], new: dict[str, str]) -> dict[str, str]:
+    """The sources of the code files that changed between snapshots ``old`` and ``new``."""
     changed = [path for path, entry in new.items() if entry != old.get(path) and path.endswith(".py")]
-    after = {
+    return {
         path: ws.read(path).decode(errors="replace") for path in changed if not new[path].startswith(("dir", "link"))
     }
+
+
+def screened(
+    ws, before: dict[str, str], old: dict[str, str], new: dict[str, str], original: dict[str, str] | None = None
+) -> list[str]:
+    """What the static screen (``screen``) refuses in the change between snapshots ``old`` and ``new``;
+    ``before`` holds the changed files' sources at ``old`` (a file missing there is read from the
+    checkout's last commit), ``original`` the clean ones."""
+    after = changed_sources(ws, old, new)
     prior = {path: before[path] if path in before else _committed(ws, path) for path in after}
-    return after, screen(prior, after, original)
+    return screen(prior, after, original)
 
 
 def _committed(ws, path: str) -> str:
