@@ -28,9 +28,9 @@ from timing import compare, report
 
 from propel_core.config import ModelConfig, validate_config
 from propel_core.embedded import cache_dir
-from propel_core.execution import model_reply
 from propel_core.plugins import Registry
 from propel_core.records import Context
+from propel_core.worker import model_reply
 from propel_swe.checkout import python_environment, sdist_checkout
 
 CONTEXT = Context(id="six", data={"repo": "six"})

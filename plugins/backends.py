@@ -103,11 +103,10 @@ class TransformersBackend:
                 cache = DynamicCache(config=self.model.config)
                 positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate numbers them
                 prompt = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
-                self.model.base_model(
-                    **{k: v[:, :-1] for k, v in prompt.items()}, past_key_values=cache, use_cache=True
-                )
+                start = {k: v[:, :-1] for k, v in prompt.items()}
+                self.model.base_model(**start, **{self._cache: cache}, use_cache=True)
                 cache.batch_select_indices(rows)
-                options["past_key_values"] = cache  # generate runs only the uncached last token
+                options[self._cache] = cache  # generate runs only the uncached last token
             out = self.model.generate(
                 input_ids=ids[rows],
                 attention_mask=mask[rows],
@@ -118,6 +117,15 @@ class TransformersBackend:
                 **options,
             )
         return self.tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+
+    @property
+    def _cache(self) -> str:
+        """The name a cache is passed by: ``cache`` where the model's forward takes it (newer
+        transformers renamed ``past_key_values``, which warns on every call there), else
+        ``past_key_values``."""
+        import inspect
+
+        return "cache" if "cache" in inspect.signature(self.model.base_model.forward).parameters else "past_key_values"
 
     def _prefill_can_be_shared(self) -> bool:
         """Whether rows may continue from a copied ``DynamicCache``: not for a model whose generation

@@ -3,16 +3,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import Any
 
 from propel_core import hookimpl
+from propel_core.contracts import Job, JobRunner
 from propel_core.errors import PropelError
-from propel_core.execution import Job, Worker
 
 
 @hookimpl
@@ -112,11 +114,16 @@ class LocalExecutor:
     Model turns of concurrent jobs go to the model as one batched call (an in-process model) or as
     concurrent requests (a served model through the ``openai`` backend)."""
 
-    def __init__(self, workers: int = 8, linger: float = 0.05):
+    def __init__(self, workers: int = 8, linger: float = 0.05, torch_threads: int | None = None):
         self.workers, self.linger, self.in_flight = workers, linger, 0
+        self.torch_threads = torch_threads
         self.generate_calls = 0
 
-    def run(self, worker: Worker, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
+    def run(self, worker: JobRunner, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
+        with torch_threads(self.torch_threads or chosen_threads(self.workers)):
+            yield from self._run(worker, jobs)
+
+    def _run(self, worker: JobRunner, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
         batcher = TurnBatcher(worker.generate, self.linger)
 
         def one(job: Job):
@@ -144,6 +151,49 @@ class LocalExecutor:
             self.generate_calls += batcher.calls
 
 
+#: environment variables by which the user has chosen torch's thread count: the executor keeps it
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def available_cores() -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota (a container's
+    ``--cpus``), which ``os.cpu_count()`` does not see."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    return cores if quota == "max" else max(1, min(cores, int(quota) // int(period)))
+
+
+def chosen_threads(workers: int) -> int | None:
+    """Torch's intra-op threads while ``workers`` jobs run in threads of this process: the model's calls
+    come from one thread (the turn batcher), and each other job may keep a core busy grading (a
+    sandbox, a test suite), so the model gets the cores those leave, at least one: ``cores - workers +
+    1``. None (torch's own count kept) where the user set ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS``.
+    With a thread per core, the model, the graders and any other process on the machine fight over
+    the cores, and torch's threads wait for each other at every operation (docs/scaling.md)."""
+    if any(os.environ.get(name) for name in THREAD_VARIABLES):
+        return None
+    return max(1, available_cores() - workers + 1)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Torch's intra-op thread count set to ``count`` (None: left alone) for the block, then put back."""
+    if count is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def keep_busy(executor, jobs: list[Job], running: dict, start, finished) -> Iterator[tuple[Job, Any]]:
     """Start jobs in order while fewer than ``executor.workers`` run (``start(job)`` -> a handle, kept
     in ``running``); yield each job with its handle once ``finished(handles)`` names it done."""
@@ -163,10 +213,10 @@ def _listing(resources: dict[str, float]) -> str:
     return ", ".join(f"{name}: {amount:g}" for name, amount in sorted(resources.items()) if "." not in name)
 
 
-_WORKERS: dict[str, Worker] = {}
+_WORKERS: dict[str, JobRunner] = {}
 
 
-def _run_job(worker: Worker, job: Job):
+def _run_job(worker: JobRunner, job: Job):
     """A Ray task: one job, with this process's cached copy of the worker (domain, backend)."""
     cached = _WORKERS.setdefault(worker.key(), worker)
     return cached.run(job)
@@ -206,7 +256,7 @@ class RayExecutor:
                 "declare them with `ray start --resources`, or change executor.options"
             )
 
-    def run(self, worker: Worker, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
+    def run(self, worker: JobRunner, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
         ray = self.ray
         shipped = ray.put(worker)
         running: dict[Any, Job] = {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from typing import Literal
 
 from propel_core import hookimpl
 from propel_core.config import RewardConfig
@@ -55,9 +56,9 @@ def hard(config: RewardConfig) -> Rule:
     return _gated(config, lambda scores: _score(scores, "logit"))
 
 
-def soft(config: RewardConfig) -> Rule:
-    """r_bad if invalid, else the probe probability clipped to [clip_low, clip_high]."""
-    return _gated(config, lambda scores: min(max(_score(scores, "probability"), config.clip_low), config.clip_high))
+def soft(config: RewardConfig, clip_low: float = 0.1, clip_high: float = 0.95) -> Rule:
+    """r_bad if invalid, else the probe probability clipped to [clip_low, clip_high] (its options)."""
+    return _gated(config, lambda scores: min(max(_score(scores, "probability"), clip_low), clip_high))
 
 
 def probe_only(config: RewardConfig) -> Rule:
@@ -90,16 +91,23 @@ def solver_in_the_loop(config: RewardConfig) -> Rule:
     return rule
 
 
-def partial_instrumentation(config: RewardConfig) -> Rule:
-    """Seed 002's partial-credit reward: a valid task with a finite ``reward.valid_score`` earns that
-    score; any other generation earns partial_base + partial_step * (workflow markers it reached), so
-    a policy that writes no valid task yet still sees which generations got further."""
+def partial_instrumentation(
+    config: RewardConfig,
+    partial_base: float = -10.0,
+    partial_step: float = 0.1,
+    valid_score: Literal["verifier_score", "logit", "probability", "solver_utility"] = "verifier_score",
+) -> Rule:
+    """Seed 002's partial-credit reward, with its own options (``reward.options.partial_instrumentation``):
+    a valid task with a finite ``valid_score`` (the domain's ``verifier_score``, or the probe's
+    ``logit`` or ``probability``, or live ``solver_utility``) earns that score; any other generation
+    earns ``partial_base + partial_step * (workflow markers it reached)``, so a policy that writes no
+    valid task yet still sees which generations got further."""
 
     def rule(task: Task, scores: Mapping[str, object]) -> float:
-        value = scores.get(config.valid_score)
+        value = scores.get(valid_score)
         if task.validity.valid and value is not None and math.isfinite(float(value)):
             return float(value)
-        return config.partial_base + config.partial_step * _score(scores, "markers")
+        return partial_base + partial_step * _score(scores, "markers")
 
-    rule.needs = frozenset({"markers", config.valid_score})
+    rule.needs = frozenset({"markers", valid_score})
     return rule

@@ -16,6 +16,11 @@ from propel_core.errors import FILE_ERRNOS, PropelError, file_error
 DEMO_CONFIG = files("propel_core") / "configs" / "demo.yaml"
 
 
+#: the exit status of a command whose stages finished but left attempts ungradable (docs/cli.md);
+#: an error is 1 and a command line click cannot parse 2
+EXIT_UNGRADABLE = 3
+
+
 class PropelGroup(click.Group):
     """Turns a PropelError (bad config, unknown name, missing file), a file the run cannot write (full
     disk, read-only mount, no permission) or Ctrl-C into a one-line error, exit 1."""
@@ -78,11 +83,26 @@ def start(ctx: click.Context, config: tuple[str, ...] | list[str], overrides: tu
 
 
 def _run_stages(run, names) -> None:
-    from propel_core.stages import FOLLOW_UPS, STAGES
+    from propel_core.stages import run_stage
 
     for name in names:
         logging.getLogger("propel").info("== %s -> %s", name, run.dir)
-        {**STAGES, **FOLLOW_UPS}[name](run)
+        run_stage(run, name)
+
+
+def _exit_status(run) -> None:
+    """Exit 3 when a stage finished with ungradable attempts (its line said how many and how to redo
+    them), so a script can tell a run to redo from a clean one (0) and a failed one (1)."""
+    if run.ungradable:
+        click.get_current_context().exit(EXIT_UNGRADABLE)
+
+
+REDO_UNGRADABLE = click.option(
+    "--redo-ungradable",
+    is_flag=True,
+    help="Run again the solver attempts the labels hold as ungradable (after fixing the grader); "
+    "gradable attempts are kept.",
+)
 
 
 def _run_demo_stages(run, names) -> None:
@@ -116,14 +136,18 @@ ARGUMENTS_HELP = "Reads the CONFIG files, merged in order (later ones win), then
 
 @cli.command(context_settings={"ignore_unknown_options": True})
 @click.argument("arguments", nargs=-1, metavar="CONFIG... [KEY=VALUE]...")
+@REDO_UNGRADABLE
 @click.pass_context
-def run(ctx: click.Context, arguments: tuple[str, ...]) -> None:
+def run(ctx: click.Context, arguments: tuple[str, ...], redo_ungradable: bool) -> None:
     """Run every stage in order.
 
     Reads the CONFIG files, merged in order (later ones win), then the key=value OVERRIDES."""
     from propel_core.stages import STAGES
 
-    _run_stages(start(ctx, *split_arguments(arguments)), STAGES)
+    started = start(ctx, *split_arguments(arguments))
+    started.redo_ungradable = redo_ungradable
+    _run_stages(started, STAGES)
+    _exit_status(started)
 
 
 @cli.command("config", context_settings={"ignore_unknown_options": True})
@@ -175,13 +199,22 @@ def demo(ctx: click.Context, run_dir: str, overrides: tuple[str, ...]) -> None:
     click.echo(f"demo finished; the report is {run.dir / 'report.html'}, everything else in {run.dir}/")
 
 
+#: the stages that label tasks, and so take --redo-ungradable
+LABELING = ("label", "evaluate")
+
+
 def _stage_command(name: str, stage) -> click.Command:
     @click.argument("arguments", nargs=-1, metavar="CONFIG... [KEY=VALUE]...")
     @click.pass_context
-    def command(ctx: click.Context, arguments: tuple[str, ...]) -> None:
-        _run_stages(start(ctx, *split_arguments(arguments)), [name])
+    def command(ctx: click.Context, arguments: tuple[str, ...], redo_ungradable: bool = False) -> None:
+        run = start(ctx, *split_arguments(arguments))
+        run.redo_ungradable = redo_ungradable
+        _run_stages(run, [name])
+        _exit_status(run)
 
     command.__doc__ = f"{(stage.__doc__ or '').strip()}\n\n{ARGUMENTS_HELP}"
+    if name in LABELING:
+        command = REDO_UNGRADABLE(command)
     return click.command(name, context_settings={"ignore_unknown_options": True})(command)
 
 

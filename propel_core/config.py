@@ -27,6 +27,12 @@ def component(kind: str, default: Any = ..., **kwargs: Any) -> Any:
     return Field(default, json_schema_extra={"component": kind}, **kwargs)
 
 
+def options_of(field: str, **kwargs: Any) -> Any:
+    """A field holding the options of the component the sibling ``field`` names, checked against that
+    component's factory (``Registry.check_options``) when the config is read."""
+    return Field(default_factory=dict, json_schema_extra={"options_of": field}, **kwargs)
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -81,6 +87,7 @@ class ModelConfig(Section):
     api_key_env: str = "OPENAI_API_KEY"
     max_concurrency: int = Field(8, gt=0)
     max_retries: int = Field(3, ge=0)
+    options: dict[str, Any] = options_of("backend", description="the backend's own options (openai: timeout)")
 
     @property
     def model_id(self) -> str:
@@ -105,7 +112,7 @@ def _role(**sampling: Any) -> Any:
 
 class DomainConfig(Section):
     name: str = component("domains")
-    options: dict[str, Any] = Field(default_factory=dict, description="passed to the domain's factory")
+    options: dict[str, Any] = options_of("name", description="passed to the domain's factory")
 
 
 class ExecutorConfig(Section):
@@ -114,15 +121,15 @@ class ExecutorConfig(Section):
 
     name: str = component("executors", "local")
     workers: int = Field(8, gt=0, description="jobs (attempts or episodes) in flight at once")
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="the executor's own options (ray: address, resources, num_cpus, max_retries)"
+    options: dict[str, Any] = options_of(
+        "name", description="the executor's own options (ray: address, resources, num_cpus, max_retries)"
     )
 
 
 class GenerateConfig(Section):
     num_tasks: int = Field(64, gt=0, description="generations to sample")
     context_sampler: str = component("context_samplers", "uniform")
-    sampler_options: dict[str, Any] = Field(default_factory=dict)
+    sampler_options: dict[str, Any] = options_of("context_sampler")
 
 
 class LabelConfig(Section):
@@ -188,18 +195,16 @@ class ProbeConfig(Section):
 
 class RewardConfig(Section):
     rule: str = component("reward_rules", "hard")
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        json_schema_extra={"options_by_name": "reward_rules"},
+        description="each reward rule's own options, by its name: {my_rule: {threshold: 0.3}}; a rule gets its "
+        "entry wherever it is used (train, coevolve, solve_train, the probe stage's RVP)",
+    )
     r_bad: float = Field(-0.2, description="reward of an invalid task")
     overflow_reward: float = Field(0.0, description="reward when the task overflows the context")
-    clip_low: float = 0.1
-    clip_high: float = 0.95
     main_probe: str | None = Field(None, description="the scorer the rules read; null = RUN/probes/selected")
     probes: list[str] = Field(default_factory=list, description="extra probe bundles (ensemble, auxiliary)")
-    # partial_instrumentation (seed 002): invalid -> partial_base + partial_step * markers reached
-    partial_base: float = -10.0
-    partial_step: float = 0.1
-    valid_score: Literal["verifier_score", "logit", "probability", "solver_utility"] = Field(
-        "verifier_score", description="partial_instrumentation: the score a valid task earns"
-    )
 
 
 class ReplayConfig(Section):
@@ -307,7 +312,7 @@ class SolveTrainConfig(Section):
     eval_k: int = Field(16, gt=0, description="attempts per held-out task (pass@k for k up to this)")
     baseline: str | None = Field(None, description="another solve run's NAME to compare with per prompt")
     context_sampler: str = component("context_samplers", "uniform")
-    sampler_options: dict[str, Any] = Field(default_factory=dict)
+    sampler_options: dict[str, Any] = options_of("context_sampler")
     reward_rule: str | None = component(
         "reward_rules",
         None,
@@ -423,16 +428,32 @@ def validate_config(data: dict[str, Any], registry: Registry | None = None) -> P
 
 
 def check_components(model: BaseModel, registry: Registry, prefix: str = "") -> list[str]:
-    """Every field marked with ``component(kind)`` must name installed components of that kind."""
+    """Every field marked with ``component(kind)`` must name installed components of that kind, and
+    every options field (``options_of``, ``options_by_name``) must suit the components it configures."""
     problems = []
-    for name, info in type(model).model_fields.items():
+    fields = type(model).model_fields
+    for name, info in fields.items():
         value = getattr(model, name)
         key = f"{prefix}{name}"
         if isinstance(value, BaseModel):
             problems += check_components(value, registry, key + ".")
             continue
-        extra = info.json_schema_extra
-        kind = extra.get("component") if isinstance(extra, dict) else None
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if "options_of" in extra:
+            named = extra["options_of"]
+            kind = fields[named].json_schema_extra["component"]
+            if getattr(model, named) in registry.names(kind):
+                problems += [f"{key}: {p}" for p in registry.check_options(kind, getattr(model, named), value)]
+        if "options_by_name" in extra:
+            kind = extra["options_by_name"]
+            for item, options in value.items():
+                known = item in registry.names(kind)
+                problems += (
+                    [f"{key}.{item}: {registry.unknown(kind, item)}"]
+                    if not known
+                    else [f"{key}.{item}: {p}" for p in registry.check_options(kind, item, options)]
+                )
+        kind = extra.get("component")
         if kind is None:
             continue
         installed = registry.names(kind)

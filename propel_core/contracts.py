@@ -1,7 +1,9 @@
 """The contracts of the component kinds that are plain objects or callables.
 
 ``Domain`` (:mod:`propel_core.domain`) and ``ModelBackend`` (:mod:`propel_core.backend`) have their own
-modules; every other kind a plugin contributes is typed here. The registry's accessors
+modules; every other kind a plugin contributes is typed here, with the jobs an executor runs
+(``Attempt``, ``Episode``, ``Grading``) and what it runs them with (``JobRunner``), so this module
+depends on the records alone, never on the core that implements it. The registry's accessors
 (``Registry.context_sampler``, ``reward_rule``, ``sandbox``, ``executor``) build a component and check
 it against its contract, so a plugin that returns the wrong thing fails with one line naming the
 plugin and what is missing, not deep inside a stage.
@@ -10,23 +12,18 @@ plugin and what is missing, not deep inside a stage.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from propel_core.records import Context, Task, Validity
+from propel_core.records import Context, Task
 
 if TYPE_CHECKING:
     import torch
 
-    from propel_core.domain import Domain
-    from propel_core.execution import Job, Worker
-
 #: the probe scores the core computes for a reward rule: the main probe's ``logit`` and ``probability``,
 #: every probe's logit (``ensemble_logits``) and the second probe's (``auxiliary_logit``, co-evolution)
 PROBE_SCORES = frozenset({"logit", "probability", "ensemble_logits", "auxiliary_logit"})
-
-#: ``register_validity_predicates``: ``predicate(task, domain) -> Validity``; never raises on bad input
-ValidityPredicate = Callable[[Task, "Domain"], Validity]
 
 #: ``register_poolers``: ``pooler(hidden[B, T, D], mask[B, T]) -> Tensor[B, D']``; padding never reaches it
 Pooler = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
@@ -121,6 +118,52 @@ class RepositorySandbox(Protocol):
         """A fresh copy of the checkout at ``path`` (or of an image), seen at ``workdir``."""
 
 
+@dataclass(frozen=True, eq=False)
+class Attempt:
+    """Solver attempt ``index`` at ``task``."""
+
+    task: Task
+    index: int
+    seed: int
+
+
+@dataclass(frozen=True, eq=False)
+class Episode:
+    """One generation: the generator's episode on ``context``, to become task ``task_id``."""
+
+    task_id: str
+    context: Context
+    seed: int
+
+
+@dataclass(frozen=True, eq=False)
+class Grading:
+    """Grading an attempt already written (``text``, by a policy in training) at ``task``: no model
+    runs, only the domain's grader, which may be the expensive part (a sandboxed execution)."""
+
+    task: Task
+    text: str
+
+
+Job = Attempt | Episode | Grading
+
+
+@runtime_checkable
+class JobRunner(Protocol):
+    """What an executor runs jobs with: the core's ``propel_core.execution.Worker`` (the domain and a
+    model with its sampling), picklable for an executor that ships it to other processes."""
+
+    def key(self) -> str:
+        """The same for every worker that runs jobs the same way (a process may keep one per key)."""
+
+    def generate(self, prompts: list[Any], sampling: Any, n: int = 1, seed: int | None = None) -> list[list[str]]:
+        """The model's completions (``n`` per prompt), for an executor that batches turns of jobs."""
+
+    def run(self, job: Job, generate: Callable[..., list[list[str]]] | None = None) -> Any:
+        """Run one job (with ``generate`` in place of the model's own, e.g. a batcher of many jobs'
+        turns): a ``SolverAttempt`` for an ``Attempt`` or a ``Grading``, a ``Task`` for an ``Episode``."""
+
+
 @runtime_checkable
 class Executor(Protocol):
     """Where solver attempts and generator episodes run (``register_executors``)."""
@@ -128,6 +171,6 @@ class Executor(Protocol):
     #: jobs started and not yet finished, for progress displays
     in_flight: int
 
-    def run(self, worker: Worker, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
+    def run(self, worker: JobRunner, jobs: list[Job]) -> Iterator[tuple[Job, Any]]:
         """Run every job with ``worker`` and yield ``(job, result)`` as each one finishes, in any order.
         Leaving the iterator early (an error, Ctrl-C) stops the jobs still running or queued."""

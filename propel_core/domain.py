@@ -6,13 +6,12 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from propel_core.errors import Unavailable
 from propel_core.records import Context, SolverAttempt, Task, Validity, check_value
 
 if TYPE_CHECKING:
-    from propel_core.contracts import ValidityPredicate
     from propel_core.plugins import Registry
 
 log = logging.getLogger("propel")
@@ -20,6 +19,8 @@ log = logging.getLogger("propel")
 Messages = list[dict[str, str]]
 #: one turn of a multi-turn episode: the model's reply to the conversation so far
 Reply = Callable[[Messages], str]
+#: ``register_validity_predicates``: ``predicate(task, domain) -> Validity``; never raises on bad input
+ValidityPredicate = Callable[[Task, "Domain"], Validity]
 
 
 class ParseError(ValueError):
@@ -35,9 +36,11 @@ class Verdict:
     is invalid); ``solve-train``'s reward rules read those two.
     """
 
-    solved: bool | None
-    reason: str | None = None
-    diagnostics: dict[str, Any] = field(default_factory=dict)
+    solved: bool | None = field(metadata={"doc": "True, False, or None when the attempt cannot be graded"})
+    reason: str | None = field(default=None, metadata={"doc": "why it failed or could not be graded"})
+    diagnostics: dict[str, Any] = field(
+        default_factory=dict, metadata={"doc": "``markers`` and ``verifier_score`` for partial credit, and more"}
+    )
 
 
 class Domain(ABC):
@@ -64,6 +67,9 @@ class Domain(ABC):
     #: whose generator is a program (the swe domain's ``generator: procedural``) says False, and the
     #: core then never loads that model for it (generate, evaluate) and refuses to train it
     uses_generator_model: bool = True
+    #: options that hold another component's options, checked against it when the config is read:
+    #: ``{"sandbox_options": ("sandboxes", "sandbox")}`` (the options of the sandbox option ``sandbox`` names)
+    component_options: ClassVar[dict[str, tuple[str, str]]] = {}
 
     @abstractmethod
     def contexts(self) -> list[Context]:
@@ -176,7 +182,8 @@ def make_task(
 
 def grade_attempt(domain: Domain, task: Task, text: str) -> SolverAttempt:
     """One solver attempt at ``task``, graded by its domain; a grader that fails unexpectedly makes
-    the attempt ungradable, with the error as its reason, instead of ending the stage."""
+    the attempt ungradable, with the error as its reason, instead of ending the stage (the caller
+    tells the user: ``execution.note_ungradable``, once per kind of error, not per attempt)."""
     try:
         verdict = domain.grade(task.payload, text)
         if problem := check_value(verdict.diagnostics, "diagnostics"):
@@ -184,6 +191,5 @@ def grade_attempt(domain: Domain, task: Task, text: str) -> SolverAttempt:
     except Unavailable:
         raise
     except Exception as exc:
-        log.warning("task %s: the grader failed unexpectedly: %s: %s", task.id, type(exc).__name__, exc)
         verdict = Verdict(None, f"grader failed: {type(exc).__name__}: {str(exc)[:300]}")
     return SolverAttempt(text=text, solved=verdict.solved, reason=verdict.reason, diagnostics=verdict.diagnostics)

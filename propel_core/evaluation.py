@@ -120,7 +120,9 @@ def arm_metrics(tasks: list[Task], labels: list[Label], k: int) -> dict:
     # a trajectory's turns are read as one text
     texts = [task.text if isinstance(task.text, str) else "\n".join(task.text) for task in valid if task.text]
     topics = Counter(task.topic for task in valid if task.topic is not None)
-    solved = Counter(sum(bool(a.solved) for a in label.attempts) for label in labels)
+    # a task with too few gradable attempts has no solve count (it is not solved 0 times)
+    known = [label for label in labels if label.utility is not None]
+    solved = Counter(sum(bool(a.solved) for a in label.attempts) for label in known)
     metrics = {
         "generations": len(tasks),
         "valid": len(valid),
@@ -133,7 +135,8 @@ def arm_metrics(tasks: list[Task], labels: list[Label], k: int) -> dict:
         "top_topic": topics.most_common(1)[0][0] if topics else None,
         "top_topic_share": share(topics.most_common(1)[0][1], sum(topics.values())) if topics else None,
         "solve_counts": [solved.get(count, 0) for count in range(k + 1)],
-        "solve_count_shares": [share(solved.get(count, 0), len(labels)) for count in range(k + 1)],
+        "solve_count_shares": [share(solved.get(count, 0), len(known)) for count in range(k + 1)],
+        "unknown": len(labels) - len(known),
     }
     return metrics
 

@@ -16,181 +16,28 @@ executor, the number of workers, the order in which jobs finish or where a resum
 from __future__ import annotations
 
 import logging
+import os
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from propel_core.backend import prefill
-from propel_core.config import DomainConfig, LabelConfig, ModelConfig, Sampling
-from propel_core.domain import Messages, Reply, grade_attempt, make_task
+from propel_core.config import LabelConfig, ModelConfig
+from propel_core.contracts import Attempt, Episode, Grading
 from propel_core.errors import PropelError
-from propel_core.records import Context, JsonlWriter, Label, Record, SolverAttempt, Task, Validity, iter_jsonl
+from propel_core.records import Context, JsonlWriter, Label, Record, SolverAttempt, Task, iter_jsonl
 
 if TYPE_CHECKING:
-    from propel_core.plugins import Registry
     from propel_core.run import Run
 
 log = logging.getLogger("propel")
-
-#: a backend's ``generate``: (prompts, sampling, n, seed) -> n completions per prompt
-Generate = Callable[..., list[list[str]]]
 
 
 def job_seed(seed: int, key: str, index: int = 0) -> int:
     """The seed of job ``index`` of ``key`` (a task id) in a run seeded ``seed``: the same in any
     process, on any machine, whatever else runs beside it."""
     return zlib.crc32(f"{seed}/{key}/{index}".encode())
-
-
-@dataclass(frozen=True, eq=False)
-class Attempt:
-    """Solver attempt ``index`` at ``task``."""
-
-    task: Task
-    index: int
-    seed: int
-
-
-@dataclass(frozen=True, eq=False)
-class Episode:
-    """One generation: the generator's episode on ``context``, to become task ``task_id``."""
-
-    task_id: str
-    context: Context
-    seed: int
-
-
-@dataclass(frozen=True, eq=False)
-class Grading:
-    """Grading an attempt already written (``text``, by a policy in training) at ``task``: no model
-    runs, only the domain's grader, which may be the expensive part (a sandboxed execution)."""
-
-    task: Task
-    text: str
-
-
-Job = Attempt | Episode | Grading
-
-
-def model_reply(generate: Generate, sampling: Sampling, seed: int) -> Reply:
-    """A ``Reply`` that asks the model for one completion of the conversation per turn; turn ``i`` is
-    seeded ``seed + i``, so an episode replays exactly. The reply includes the prompt's prefill."""
-    turn = 0
-
-    def reply(messages: Messages) -> str:
-        nonlocal turn
-        turn += 1
-        return prefill(messages) + generate([messages], sampling, n=1, seed=[seed + turn - 1])[0][0]
-
-    return reply
-
-
-class Worker:
-    """What a job runs with: the run's domain and one model role with its sampling.
-
-    Pickled (to a Ray worker) it keeps only its configuration; the process that unpickles it builds
-    its own registry, domain and backend on first use.
-    """
-
-    def __init__(
-        self,
-        domain: DomainConfig,
-        model: ModelConfig,
-        sampling: Sampling,
-        registry: Registry | None = None,
-        built_domain: Any = None,
-    ):
-        self.domain_config, self.model, self.sampling = domain, model, sampling
-        self._registry, self._domain = registry, built_domain
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"domain_config": self.domain_config, "model": self.model, "sampling": self.sampling}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _registry=None, _domain=None)
-
-    def key(self) -> str:
-        """Workers with equal keys run jobs the same way (Ray workers cache one per key)."""
-        return "\n".join(part.model_dump_json() for part in (self.domain_config, self.model, self.sampling))
-
-    @property
-    def registry(self) -> Registry:
-        if self._registry is None:
-            from propel_core.plugins import Registry
-
-            self._registry = Registry.build()
-        return self._registry
-
-    @property
-    def domain(self):
-        if self._domain is None:
-            self._domain = self.registry.domain(self.domain_config.name, **self.domain_config.options)
-        return self._domain
-
-    @property
-    def backend(self):
-        return self.registry.backend(self.model)
-
-    def generate(self, prompts, sampling, n=1, seed=None) -> list[list[str]]:
-        """The model, loaded on first use (a procedural generator never loads it)."""
-        return self.backend.generate(prompts, sampling, n=n, seed=seed)
-
-    def run(self, job: Job, generate: Generate | None = None) -> SolverAttempt | Task:
-        """Run one job; ``generate`` replaces the backend's (the local executor's batched turns).
-
-        Nothing a model does ends the stage: an episode that fails unexpectedly (the domain's agent
-        loop raising on what a tool call left behind, say) costs its own record, a rejected task or
-        an ungradable attempt (the harness failed, not the solver) with the error as its reason. A
-        ``PropelError`` (a backend that cannot answer, a sandbox layer missing) still stops the run."""
-        domain = self.domain
-        if isinstance(job, Grading):
-            return grade_attempt(domain, job.task, job.text)
-        if isinstance(job, Episode) and not domain.uses_generator_model:
-            generate = no_model  # the generator model is never loaded for such a domain
-        reply = model_reply(generate or self.generate, self.sampling, job.seed)
-        if isinstance(job, Attempt):
-            payload = job.task.payload
-            try:
-                if domain.multi_turn:
-                    text = domain.solver_episode(payload, reply)
-                else:
-                    text = reply(domain.solver_prompt(payload))
-            except PropelError:
-                raise
-            except Exception as exc:
-                log.warning("task %s: a solver episode failed: %s: %s", job.task.id, type(exc).__name__, exc)
-                return SolverAttempt(text="", solved=None, reason=f"episode failed: {_error(exc)}")
-            return grade_attempt(domain, job.task, text)
-        try:
-            if domain.multi_turn:
-                generation = domain.episode(job.context, reply, job.seed)
-            else:
-                generation = reply(domain.generator_prompt(job.context))
-        except PropelError:
-            raise
-        except Exception as exc:
-            log.warning("task %s: a generator episode failed: %s: %s", job.task_id, type(exc).__name__, exc)
-            return Task(
-                id=job.task_id,
-                domain=domain.name,
-                context_id=job.context.id,
-                generation="",
-                validity=Validity.reject(f"episode failed: {_error(exc)}"),
-                generator=self.model.model_id,
-            )
-        predicates = {name: self.registry.get("validity_predicates", name) for name in domain.validity_predicates}
-        return make_task(job.task_id, domain, job.context, generation, self.model.model_id, predicates)
-
-
-def _error(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {str(exc)[:300]}"
-
-
-def no_model(prompts, sampling, n=1, seed=None) -> list[list[str]]:
-    raise PropelError("the domain's generator uses no model (uses_generator_model is False), yet its episode asked it")
 
 
 class AttemptRecord(Record):
@@ -214,19 +61,22 @@ def graded_attempts(
     seed: int,
     journal: Path | None = None,
     description: str = "solve",
+    redo: bool = False,
 ) -> Iterator[tuple[Task, list[SolverAttempt]]]:
     """K graded attempts at every task by the solver ``model``, yielded per task once all K are done
     (tasks in any order, attempts in index order); attempt ``j`` of a task is seeded from ``seed``,
     the task id and ``j``.
 
     With ``journal``, every finished attempt is appended there first and a rerun redoes only the
-    attempts the journal lacks, so an interrupted label loses no finished solver run.
+    attempts the journal lacks (and, with ``redo``, the ungradable ones it holds), so an interrupted
+    label loses no finished solver run. The first ungradable attempt of each kind is logged as it
+    comes (:func:`note_ungradable`), not every one.
     """
     done: dict[str, dict[int, SolverAttempt]] = defaultdict(dict)
     if journal is not None:
         wanted = {task.id for task in tasks}
         for record in iter_jsonl(journal, AttemptRecord):
-            if record.task_id in wanted and record.index < k:
+            if record.task_id in wanted and record.index < k and not (redo and record.attempt.solved is None):
                 done[record.task_id][record.index] = record.attempt
     by_id = {task.id: task for task in tasks}
     jobs = [Attempt(task, j, job_seed(seed, task.id, j)) for task in tasks for j in range(k) if j not in done[task.id]]
@@ -243,6 +93,7 @@ def graded_attempts(
             for job, attempt in run.executor().run(worker, jobs):
                 found = done[job.task.id]
                 found[job.index] = attempt
+                note_ungradable(run, description, job.task, attempt)
                 if writer is not None:
                     writer.write(AttemptRecord(task_id=job.task.id, index=job.index, attempt=attempt))
                 finished = len(found) == k
@@ -260,24 +111,108 @@ def graded_texts(run: Run, attempts: list[tuple[Task, str]], model: ModelConfig)
     attempts stand for (its worker is cached under it; it is never loaded)."""
     jobs = [Grading(task, text) for task, text in attempts]
     grades = dict(run.executor().run(run.worker(model), jobs))
+    for job in jobs:
+        note_ungradable(run, "grading", job.task, grades[job])
     return [grades[job] for job in jobs]
 
 
+def ungradable_kind(reason: str | None) -> str:
+    """What tells ungradable attempts apart in a summary: the reason up to its second colon
+    (``grader failed: ValueError``), so one error met at many tasks, each message naming its task,
+    is one kind."""
+    return ":".join((reason or "no reason given").split(":")[:2])
+
+
+def note_ungradable(run: Run, description: str, task: Task, attempt: SolverAttempt) -> None:
+    """Log an ungradable attempt if it is the first of its kind this command meets; the stage's
+    summary (:func:`ungradable_summary`) counts the rest."""
+    if attempt.solved is None and (kind := ungradable_kind(attempt.reason)) not in run.ungradable_kinds:
+        run.ungradable_kinds.add(kind)
+        log.warning(
+            "%s: task %s: an attempt is ungradable: %s (more like it are counted at the end)",
+            description,
+            task.id,
+            attempt.reason,
+        )
+
+
+def ungradable_summary(run: Run, stage: str, labels: list[Label]) -> None:
+    """Log the stage's line on the ungradable attempts ``labels`` hold (:func:`ungradable_line`) and
+    keep it in ``run.ungradable``, which makes the command exit with status 3."""
+    if line := ungradable_line(stage, labels):
+        log.warning("%s", line)
+        run.ungradable.append(line)
+
+
+def ungradable_line(stage: str, labels: list[Label]) -> str | None:
+    """One line on the ungradable attempts ``labels`` hold (None when there are none): how many, the
+    commonest error, and how to redo them."""
+    ungradable = [a for label in labels for a in label.attempts if a.solved is None]
+    if not ungradable:
+        return None
+    kinds = Counter(ungradable_kind(a.reason) for a in ungradable)
+    common, count = kinds.most_common(1)[0]
+    example = next(a.reason or "no reason given" for a in ungradable if ungradable_kind(a.reason) == common)
+    more = f", {count - 1} more like it" if count > 1 else ""
+    others = f"; {len(kinds) - 1} other kind{'s' * (len(kinds) > 2)} of error" if len(kinds) > 1 else ""
+    total = sum(len(label.attempts) for label in labels)
+    return (
+        f"{stage}: {len(ungradable)} of {total} attempts ungradable ({example[:200]}{more}{others}); "
+        "rerun with --redo-ungradable after fixing the cause"
+    )
+
+
 def label_tasks(
-    run: Run, tasks: list[Task], path: Path, solver: ModelConfig, label: LabelConfig, seed: int
+    run: Run,
+    tasks: list[Task],
+    path: Path,
+    solver: ModelConfig,
+    label: LabelConfig,
+    seed: int,
+    redo: bool = False,
+    description: str = "label",
 ) -> list[Label]:
     """Label ``tasks`` (valid ones) into ``path`` with ``label.k`` attempts each by ``solver``, skipping
-    every task that already has a label there."""
+    every task that already has a label there; with ``redo``, a label holding an ungradable attempt is
+    made again, its ungradable attempts run anew and its gradable ones kept (:func:`reopen_ungradable`)."""
+    if redo:
+        reopen_ungradable(path)
     done = {existing.task_id for existing in iter_jsonl(path, Label)}
     todo = [task for task in tasks if task.id not in done]
     if done:
         log.info("%s already has %d labels; %d tasks to go", path.name, len(done), len(todo))
     if todo:
+        journal = journal_path(path)
         with JsonlWriter(path) as out:
-            for task, attempts in graded_attempts(run, todo, label.k, solver, seed, journal_path(path), "label"):
+            for task, attempts in graded_attempts(run, todo, label.k, solver, seed, journal, description, redo):
                 out.write(label_of(task, attempts, label))
     journal_path(path).unlink(missing_ok=True)  # every label is whole now
     return list(iter_jsonl(path, Label))
+
+
+def reopen_ungradable(path: Path) -> None:
+    """Take every label holding an ungradable attempt out of ``path`` (the labels file), its gradable
+    attempts journaled first, so labeling its task again runs only the attempts that were ungradable,
+    with their own seeds. Safe to interrupt anywhere: the journal is written before the labels file
+    is replaced whole, and a rerun goes on from either."""
+    labels = list(iter_jsonl(path, Label))
+    reopened = {label.task_id for label in labels if any(a.solved is None for a in label.attempts)}
+    if not reopened:
+        return
+    with JsonlWriter(journal_path(path)) as journal:
+        for label in labels:
+            if label.task_id in reopened:
+                for index, attempt in enumerate(label.attempts):
+                    if attempt.solved is not None:
+                        journal.write(AttemptRecord(task_id=label.task_id, index=index, attempt=attempt))
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.unlink(missing_ok=True)
+    with JsonlWriter(partial) as kept:
+        for label in labels:
+            if label.task_id not in reopened:
+                kept.write(label)
+    os.replace(partial, path)
+    log.info("%s: %d labels with ungradable attempts are made again", path.name, len(reopened))
 
 
 def solver_labels(
@@ -338,9 +273,11 @@ def sample_and_label(
     solver: ModelConfig,
     label: LabelConfig,
     seed: int,
+    redo: bool = False,
 ) -> tuple[list[Task], list[Label]]:
     """One arm of an evaluation: a task per context from ``generator`` (``folder/tasks.jsonl``), and
-    the valid ones labeled by ``solver`` (``folder/labels.jsonl``); both files resume."""
+    the valid ones labeled by ``solver`` (``folder/labels.jsonl``); both files resume (``redo``: see
+    :func:`label_tasks`)."""
     tasks = sample_tasks(run, generator, contexts, folder / "tasks.jsonl", seed)
     valid = [task for task in tasks if task.validity.valid]
-    return tasks, label_tasks(run, valid, folder / "labels.jsonl", solver, label, seed)
+    return tasks, label_tasks(run, valid, folder / "labels.jsonl", solver, label, seed, redo, "evaluate")

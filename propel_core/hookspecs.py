@@ -47,9 +47,12 @@ def register_domains(register):
     """Contribute task domains.
 
     ``register(name: str, factory)`` where ``factory(**options) -> propel_core.domain.Domain``; the
-    options are the config's ``domain.options``. The core instantiates exactly one domain per run, the
-    one named by ``domain.name``, and fills in its ``name`` and ``registry`` (a domain that runs code
-    gets its sandbox from ``self.registry``).
+    options are the config's ``domain.options``, checked against the factory's parameters (names,
+    required ones, annotated types) when the config is read, as every component's options are. The
+    core instantiates exactly one domain per run, the one named by ``domain.name``, and fills in its
+    ``name`` and ``registry`` (a domain that runs code gets its sandbox from ``self.registry``; an
+    option that holds the sandbox's options is declared in ``component_options``, so those are checked
+    against the sandbox too).
 
     Subclass ``propel_core.domain.Domain`` and implement:
 
@@ -156,8 +159,9 @@ def register_validity_predicates(register):
 def register_model_backends(register):
     """Contribute model backends.
 
-    ``register(name: str, factory)`` where ``factory(model: propel_core.config.ModelConfig)`` returns
-    a ``propel_core.backend.ModelBackend``: a ``model_id``,
+    ``register(name: str, factory)`` where ``factory(model: propel_core.config.ModelConfig, **options)``
+    (``options``: the role's ``options``, checked against the factory's signature when the config is
+    read) returns a ``propel_core.backend.ModelBackend``: a ``model_id``,
     ``generate(prompts, sampling, n=1, seed=None) -> list[list[str]]`` (``n`` completions per prompt
     in one batched call, with the caller's sampling knobs) and
     ``hidden_states(texts, layers, max_length) -> HiddenStates`` (hidden states at chosen layers).
@@ -239,8 +243,9 @@ def register_probe_architectures(register):
 def register_reward_rules(register):
     """Contribute reward rules: how validity and scores combine into the RL reward.
 
-    ``register(name: str, factory)`` where ``factory(config: propel_core.config.RewardConfig)``
-    returns a ``propel_core.contracts.RewardRule``:
+    ``register(name: str, factory)`` where ``factory(config: propel_core.config.RewardConfig,
+    **options)`` returns a ``propel_core.contracts.RewardRule`` (``options``: the rule's entry of
+    ``reward.options``, checked against the factory's signature when the config is read):
     ``rule(task: Task, scores: Mapping[str, Any]) -> float``. The rule returns one finite float; a
     missing or non-finite score is an error (``propel_core.errors.RewardError``), never a silent
     reward. A completion cut off at the length limit gets ``reward.overflow_reward`` without asking
@@ -271,7 +276,8 @@ def register_reward_rules(register):
 
     Built in: ``hard``, ``soft``, ``probe_only``, ``wco``, ``adversarial``, ``solver_in_the_loop``
     (the paper's SIL baseline: ``needs = {"solver_utility"}``) and ``partial_instrumentation``
-    (seed 002: ``needs = {"markers", reward.valid_score}``); see [docs/config.md](config.md).
+    (seed 002: ``needs = {"markers", valid_score}``, its options ``partial_base``, ``partial_step`` and
+    ``valid_score``); see [docs/config.md](config.md).
     """
 
 

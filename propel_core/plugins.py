@@ -11,8 +11,10 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import inspect
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +49,18 @@ KINDS: dict[str, tuple[str, str]] = {
     "context_samplers": ("register_context_samplers", "context sampler"),
     "sandboxes": ("register_sandboxes", "sandbox"),
     "executors": ("register_executors", "executor"),
+}
+
+#: kind -> how the core calls a factory of that kind before the user's options: the number of
+#: positional arguments it passes, and the keywords it sets itself (kinds the core calls with no
+#: options of the user's are left out)
+CALLS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "domains": (0, ()),
+    "model_backends": (1, ()),
+    "reward_rules": (1, ()),
+    "context_samplers": (1, ("seed",)),
+    "executors": (0, ("workers",)),
+    "sandboxes": (0, ()),
 }
 
 
@@ -196,13 +210,59 @@ class Registry:
         message = unknown_message(KINDS[kind][1], name, self.names(kind))
         return "; ".join([message, *(plugin.line() for plugin in self.broken)])
 
+    def check_options(self, kind: str, name: str, options: dict[str, Any]) -> list[str]:
+        """What is wrong with calling component ``name`` of ``kind`` with ``options``, read from its
+        factory's signature before anything runs: a factory propel cannot call the way it calls that
+        kind, an option it does not take (with the ones it does, and the closest), one it needs and is
+        not given, a value pydantic cannot read as its parameter's annotation. A value pydantic reads is
+        put back as read (``"false"`` for a ``bool`` is False, not a true string). Options that hold
+        another component's options (the factory's ``component_options``: ``{"sandbox_options":
+        ("sandboxes", "sandbox")}``) are checked against that component in turn."""
+        factory = self.get(kind, name)
+        label = f"{KINDS[kind][1]} {name!r}"
+        try:
+            parameters = list(inspect.signature(factory).parameters.values())
+        except (TypeError, ValueError):  # a callable with no signature to read: it sees them at run time
+            return []
+        positional, keywords = CALLS[kind]
+        problems = _call_shape_problems(label, parameters, positional, keywords)
+        named = {p.name: p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        taken = {p.name for p in parameters[:positional]} | set(keywords)
+        valid = [p for p in named if p not in taken]
+        for key in options:
+            if key in keywords:
+                problems.append(f"{label} option {key!r} is set by propel itself; leave it out")
+            elif key not in valid and not any(p.kind is p.VAR_KEYWORD for p in parameters):
+                problem = f"{label} takes no option {key!r}; its options: {', '.join(valid) or '(none)'}"
+                close = difflib.get_close_matches(str(key), valid, n=1)
+                problems.append(problem + (f" (did you mean {close[0]!r}?)" if close else ""))
+        problems += [
+            f"{label} needs the option {p!r}" for p in valid if named[p].default is named[p].empty and p not in options
+        ]
+        for key in [key for key in options if key in valid]:
+            annotation = _resolved(factory, named[key].annotation)
+            if annotation is not None:
+                problem, options[key] = _read_as(annotation, options[key])
+                problems += [f"{label} option {key!r} = {options[key]!r}: {problem}"] if problem else []
+        for held, (inner_kind, naming) in getattr(factory, "component_options", {}).items():
+            inner = options.get(naming, named[naming].default if naming in named else None)
+            held_options = options.get(held) or {}
+            if isinstance(held_options, dict) and isinstance(inner, str):
+                if inner not in self.names(inner_kind):
+                    found = [self.unknown(inner_kind, inner)]
+                else:
+                    found = self.check_options(inner_kind, inner, held_options)
+                problems += [f"{label} option {held!r}: {problem}" for problem in found]
+        return problems
+
     def context_sampler(self, name: str, contexts: list[Any], seed: int, **options: Any) -> ContextSampler:
         """The context sampler ``name`` over ``contexts``, seeded."""
         return self._checked("context_samplers", name, ContextSampler, contexts, seed=seed, **options)
 
     def reward_rule(self, name: str, config: Any) -> RewardRule:
-        """The reward rule ``name`` for a ``RewardConfig``; a rule without ``needs`` reads the probe."""
-        rule = self.get("reward_rules", name)(config)
+        """The reward rule ``name`` for a ``RewardConfig``, with its options (``config.options[name]``);
+        a rule without ``needs`` reads the probe."""
+        rule = self.get("reward_rules", name)(config, **config.options.get(name, {}))
         if not callable(rule):
             raise self._broken("reward_rules", name, rule, "a callable rule(task, scores) -> float")
         return rule if isinstance(rule, RewardRule) else ReadsProbe(rule)
@@ -238,7 +298,7 @@ class Registry:
         key = model.model_dump_json(exclude={"sampling"})
         with self._lock:  # jobs in threads may ask at once: load each model once
             if key not in self._backends:
-                self._backends[key] = self.get("model_backends", model.backend)(model)
+                self._backends[key] = self.get("model_backends", model.backend)(model, **model.options)
         return self._backends[key]
 
     def domain(self, name: str, **options: Any) -> Any:
@@ -270,6 +330,48 @@ def unknown_message(label: str, name: object, installed: list[str]) -> str:
     if close:
         message += f" (did you mean {close[0]!r}?)"
     return message
+
+
+def _call_shape_problems(label: str, parameters: list[Any], positional: int, keywords: tuple[str, ...]) -> list[str]:
+    """Whether a factory takes the ``positional`` arguments and the ``keywords`` propel passes it."""
+    takes_args = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters) >= positional
+    takes_args = takes_args or any(p.kind is p.VAR_POSITIONAL for p in parameters)
+    keyworded = {p.name for p in parameters[positional:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    missing = [k for k in keywords if k not in keyworded and not any(p.kind is p.VAR_KEYWORD for p in parameters)]
+    if takes_args and not missing:
+        return []
+    wanted = f"{positional} positional argument(s)" + (f" and the keyword(s) {', '.join(keywords)}" if keywords else "")
+    return [f"{label}'s factory cannot be called as propel calls it, with {wanted}; see docs/plugin_hooks.md"]
+
+
+def _resolved(factory: Any, annotation: Any) -> Any:
+    """A parameter's annotation as an object (a string one, under ``from __future__ import
+    annotations``, read in the factory's module); None when there is none or it cannot be read."""
+    if annotation is inspect.Parameter.empty:
+        return None
+    if not isinstance(annotation, str):
+        return annotation
+    target = getattr(factory, "func", factory)  # functools.partial
+    module = sys.modules.get(getattr(target, "__module__", None) or type(target).__module__)
+    try:
+        return eval(annotation, dict(vars(module)) if module else {})  # the plugin's own code, not model output
+    except Exception:
+        return None
+
+
+def _read_as(annotation: Any, value: Any) -> tuple[str | None, Any]:
+    """``value`` read as its annotation by pydantic (lax: 1 is a float, ``"false"`` a bool): the problem
+    (None when it reads) and the value as read; a value whose annotation pydantic cannot read is kept."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        adapter = TypeAdapter(annotation)
+    except Exception:
+        return None, value
+    try:
+        return None, adapter.validate_python(value)
+    except ValidationError as exc:
+        return exc.errors()[0]["msg"], value
 
 
 def _plugin_versions() -> dict[str, str | None]:

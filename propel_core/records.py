@@ -120,16 +120,16 @@ class Record(BaseModel):
 class Context(Record):
     """What the generator is conditioned on: in-context examples, a function seed, a repository."""
 
-    id: str
-    data: dict[str, Any]
+    id: str = Field(description="unique within the domain; tasks name it (``context_id``)")
+    data: dict[str, Any] = Field(description="what the domain's generator_prompt reads (examples, a seed, a repo)")
     bucket: str | None = Field(None, description="group for progress-aware sampling")
 
 
 class Validity(Record):
     """W(x): whether a task is usable at all, and why not."""
 
-    valid: bool
-    reason: str | None = None
+    valid: bool = Field(description="whether the task parsed and passed every validity predicate")
+    reason: str | None = Field(None, description="why not: the step that refused and its words (``parse: ...``)")
 
     @classmethod
     def ok(cls) -> Validity:
@@ -143,23 +143,23 @@ class Validity(Record):
 class Task(Record):
     """One generated task, valid or not."""
 
-    id: str
-    domain: str
-    context_id: str
+    id: str = Field(description="unique within the run (``t000012``; ``rl-STEP-I`` in training)")
+    domain: str = Field(description="the registered name of the domain that parsed it")
+    context_id: str = Field(description="the context the generator was prompted with")
     generation: str = Field(description="the generator's raw output")
     payload: dict[str, Any] | None = Field(None, description="the parsed task; null when parsing failed")
     text: str | list[str] | None = Field(
         None, description="the task as the reference model reads it: one text, or a trajectory's turns"
     )
-    validity: Validity
-    topic: str | None = None
+    validity: Validity = Field(description="W(x): whether it is usable at all, and why not")
+    topic: str | None = Field(None, description="the domain's topic of the payload (for diversity counts)")
     generator: str = Field(description="model id of the generator that wrote it")
 
 
 class SolverAttempt(Record):
     """One solver attempt at a task, graded."""
 
-    text: str
+    text: str = Field(description="the solver's whole reply (a multi-turn episode's transcript)")
     solved: bool | None = Field(description="null when the attempt could not be graded")
     reason: str | None = Field(None, description="why it failed or could not be graded")
     diagnostics: dict[str, Any] = Field(default_factory=dict, description="format diagnostics")
@@ -168,12 +168,12 @@ class SolverAttempt(Record):
 class Label(Record):
     """The expensive signal: K graded solver attempts and the utility they give."""
 
-    task_id: str
-    attempts: list[SolverAttempt]
-    valid_attempts: int
-    solve_rate: float | None
+    task_id: str = Field(description="the task labeled")
+    attempts: list[SolverAttempt] = Field(description="the K attempts, in index order")
+    valid_attempts: int = Field(description="how many attempts could be graded")
+    solve_rate: float | None = Field(description="solved / graded attempts; null when none could be graded")
     utility: int | None = Field(description="1 in the band, 0 outside, null if too few valid attempts")
-    band: tuple[float, float]
+    band: tuple[float, float] = Field(description="the band [a, b] the utility was judged against")
 
     @classmethod
     def from_attempts(

@@ -22,11 +22,20 @@ from propel_core.contracts import ContextSampler, RewardRule, reads_probe
 from propel_core.domain import Domain, make_task
 from propel_core.errors import PropelError
 from propel_core.probes import ProbeScorer, load_probe
+from propel_core.provenance import folder_digest
 from propel_core.records import Context, Label, SolverAttempt, Task, Validity, encode, to_json
 from propel_core.replay import ReplayBuffer
 
 if TYPE_CHECKING:
     from propel_core.run import Run
+
+
+#: completions kept per reward call (``completions.jsonl``), and the characters kept of each
+SAMPLED, SAMPLED_CHARS = 4, 4000
+COMPLETIONS = "completions.jsonl"
+
+#: the settings a reward reading live solver utility depends on (it labels as the label stage does)
+SOLVER_KEYS = ("solver", "label.k", "label.band_low", "label.band_high", "label.min_valid_attempts")
 
 
 def _text(completion) -> str:
@@ -83,10 +92,10 @@ class RewardScorer(FeedsBack):
     runs, for a rule whose ``needs`` holds ``solver_utility``. A completion of
     ``max_completion_length`` tokens or more gets ``overflow_reward``. With ``sampler`` the contexts'
     rewards go back to it; with ``replay`` fresh generations are offered to the buffer; with
-    ``log_path`` each call appends its diagnostics there (groups of ``group_size``).
+    ``log_path`` each call appends its diagnostics there (groups of ``group_size``), under the rule's
+    name and options (``rule_name``, ``rule_options``), and a sample of its completions with their
+    rewards to ``completions.jsonl`` beside it.
     """
-
-    __name__ = "probe_reward"  # TRL names the reward column after the function
 
     def __init__(
         self,
@@ -94,6 +103,8 @@ class RewardScorer(FeedsBack):
         rule: RewardRule,
         probes: list[ProbeScorer] = (),
         *,
+        rule_name: str,
+        rule_options: dict[str, Any],
         overflow_reward: float,
         max_completion_length: int,
         group_size: int,
@@ -103,6 +114,8 @@ class RewardScorer(FeedsBack):
         replay: ReplayBuffer | None = None,
     ):
         self.domain, self.rule, self.probes, self.needs = domain, rule, list(probes), rule.needs
+        self.rule_name, self.rule_options = rule_name, dict(rule_options)
+        self.__name__ = rule_name  # TRL names the reward's metrics after it: rewards/<rule>/mean
         if domain.registry is None:
             raise PropelError("the reward scorer needs a domain built by a registry (Registry.domain)")
         predicates = domain.registry.get
@@ -136,14 +149,16 @@ class RewardScorer(FeedsBack):
         texts = generation or _generations(prompts, completions, prefill)
         tasks = [self.task(i, step, text, context_id) for i, text in enumerate(texts)]
         scores = self.scores(tasks)
-        rewards = []
-        for i, task in enumerate(tasks):
-            if completion_ids is not None and len(completion_ids[i]) >= self.max_completion_length:
-                rewards.append(self.overflow_reward)
-            else:
-                rewards.append(self.rule(task, scores[i]))
+        overflowed = [ids is not None and len(ids) >= self.max_completion_length for ids in completion_ids or []]
+        overflowed = overflowed or [False] * len(tasks)
+        rewards = [
+            self.overflow_reward if overflowed[i] else self.rule(task, scores[i]) for i, task in enumerate(tasks)
+        ]
         replayed = self.feed_back(step, prompts, completions, completion_ids, context_id, rewards)
         self.log(step, tasks, rewards, scores, replayed)
+        if self.log_path is not None:
+            with self.log_path.with_name(COMPLETIONS).open("a") as handle:
+                handle.write(to_json(self.sample(step, tasks, rewards, scores, overflowed)) + "\n")
         return rewards
 
     def task(self, i: int, step: int, generation: str, context_ids) -> Task:
@@ -169,8 +184,8 @@ class RewardScorer(FeedsBack):
                 score = self.domain.verifier_score(task.payload)
                 if score is None:
                     raise PropelError(
-                        f"domain {self.domain.name!r} gives no verifier score; set reward.valid_score to one of "
-                        "logit, probability, solver_utility"
+                        f"domain {self.domain.name!r} gives no verifier score; set reward.options."
+                        "partial_instrumentation.valid_score to one of logit, probability, solver_utility"
                     )
                 out[i]["verifier_score"] = score
         return out
@@ -214,7 +229,43 @@ class RewardScorer(FeedsBack):
         }
         if "solver_utility" in self.needs:
             entry["solver_attempts"] = self.solver_attempts
+        entry |= {"rule": self.rule_name, "rule_options": self.rule_options}
         self.write_log(entry, replayed)
+
+    def sample(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], overflowed: list[bool]):
+        """``SAMPLED`` of the call's completions, spread over the batch, with their rewards (and whether
+        each hit the length limit, which earns ``overflow_reward`` whatever the rule says)."""
+        every = max(1, len(tasks) // SAMPLED)
+        return {
+            "step": step,
+            "rule": self.rule_name,
+            "completions": [
+                {
+                    "generation": tasks[i].generation[:SAMPLED_CHARS],
+                    "reward": rewards[i],
+                    "valid": tasks[i].validity.valid,
+                    "reason": tasks[i].validity.reason,
+                    "probability": scores[i].get("probability"),
+                    "overflow": overflowed[i],
+                }
+                for i in range(0, len(tasks), every)[:SAMPLED]
+            ],
+        }
+
+
+def main_probe(run: Run, reward: RewardConfig) -> Path:
+    """The probe bundle the rule reads: ``reward.main_probe``, else the run's selected one."""
+    return Path(reward.main_probe) if reward.main_probe else run.dir / "probes" / "selected"
+
+
+def reward_reads(run: Run, reward: RewardConfig) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """What a training's reward depends on beyond its ``reward.*`` settings, for ``RUN/settings.json``:
+    the config keys (the rule's own options; the solver's and the label stage's, for a rule reading
+    live solver utility) and the content of each probe bundle the rule reads (whatever its path)."""
+    rule = run.registry.reward_rule(reward.rule, reward)
+    keys = (f"reward.options.{reward.rule}", *(SOLVER_KEYS if "solver_utility" in rule.needs else ()))
+    bundles = [main_probe(run, reward), *map(Path, reward.probes)] if reads_probe(rule) else []
+    return keys, {"reward.bundles": [folder_digest(bundle) for bundle in bundles]}
 
 
 def reward_scorer(
@@ -239,6 +290,8 @@ def reward_scorer(
         run.domain(),
         rule,
         probes,
+        rule_name=reward.rule,
+        rule_options=reward.options.get(reward.rule, {}),
         overflow_reward=reward.overflow_reward,
         max_completion_length=train.max_completion_length,
         group_size=train.group_size,

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -26,9 +29,7 @@ from propel_core.errors import PropelError
 from propel_core.plugins import Registry
 from propel_core.provenance import claim
 from propel_core.tracking import Tracker
-
-if TYPE_CHECKING:
-    from propel_core.execution import Worker
+from propel_core.worker import Worker
 
 log = logging.getLogger("propel")
 
@@ -38,6 +39,12 @@ class Run:
     config: PropelConfig
     registry: Registry
     quiet: bool = False
+    #: ``--redo-ungradable``: label and evaluate grade again the attempts their files hold as ungradable
+    redo_ungradable: bool = False
+    #: one line per stage of this command that finished with ungradable attempts (the CLI then exits 3)
+    ungradable: list[str] = field(default_factory=list, init=False, repr=False)
+    #: the kinds of ungradable attempt met so far: the first of each is logged, the others counted
+    ungradable_kinds: set[str] = field(default_factory=set, init=False, repr=False)
     _domain: Domain | None = field(default=None, init=False, repr=False)
     _executor: Executor | None = field(default=None, init=False, repr=False)
     _tracker: Tracker | None = field(default=None, init=False, repr=False)
@@ -85,8 +92,6 @@ class Run:
 
     def worker(self, model: ModelConfig) -> Worker:
         """What a job of this run runs with: the domain and ``model`` with its sampling."""
-        from propel_core.execution import Worker
-
         return Worker(self.config.domain, model, model.sampling, self.registry, self.domain())
 
     def component(self, kind: str, name: str) -> Any:
@@ -103,10 +108,14 @@ class Run:
         """Log a stage's numbers to every tracker of ``report_to`` (nothing with ``none``)."""
         self.tracker.log(stage, metrics, step)
 
-    def claim(self, output: str, exists: bool) -> None:
+    def claim(
+        self, output: str, exists: bool, more_keys: tuple[str, ...] = (), values: dict[str, Any] | None = None
+    ) -> None:
         """Before a stage adds to ``output`` (a file or folder of the run, holding records when
-        ``exists``): refuse if it was made with other settings, and record the ones used now."""
-        claim(self.dir, output, self.config.model_dump(mode="json"), exists, self.config.allow_changed_settings)
+        ``exists``): refuse if it was made with other settings, and record the ones used now (with the
+        config keys and values the stage adds; see :func:`propel_core.provenance.claim`)."""
+        config = self.config.model_dump(mode="json")
+        claim(self.dir, output, config, exists, self.config.allow_changed_settings, more_keys, values)
 
     def say(self, text: str) -> None:
         """Tell the user what a stage found (its summary, table or verdict): on standard output, also
@@ -115,10 +124,18 @@ class Run:
 
     @contextlib.contextmanager
     def progress(self, description: str, total: int) -> Iterator[Callable[..., None]]:
-        """A progress bar (silent with ``-q``); yields ``advance(n, in_flight=None)``: ``n`` more done,
-        and how many jobs are running now when the caller knows."""
+        """A progress bar on standard error (silent with ``-q``); yields ``advance(n, in_flight=None)``:
+        ``n`` more done, and how many jobs are running now when the caller knows. Where standard error
+        is not a terminal (``| tee``, CI, a log file), a plain line every ``progress_interval()``
+        seconds and one at the end go to the ``propel`` log instead."""
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+        console = Console(stderr=True)
+        if not self.quiet and not console.is_terminal:
+            with progress_lines(description, total, progress_interval()) as advance:
+                yield advance
+            return
         columns = (
             TextColumn("{task.description}"),
             BarColumn(),
@@ -126,13 +143,73 @@ class Run:
             TextColumn("{task.fields[running]}"),
             TimeRemainingColumn(),
         )
-        with Progress(*columns, disable=self.quiet, transient=False) as bar:
+        with Progress(*columns, console=console, disable=self.quiet, transient=False) as bar:
             task = bar.add_task(description, total=total, running="")
 
             def advance(n: int = 1, in_flight: int | None = None) -> None:
                 bar.update(task, advance=n, **({} if in_flight is None else {"running": f"{in_flight} in flight"}))
 
             yield advance
+
+
+#: seconds between two plain progress lines (standard error not a terminal); the environment variable
+#: PROPEL_PROGRESS_INTERVAL overrides it
+PROGRESS_INTERVAL = 10.0
+
+
+def progress_interval() -> float:
+    value = os.environ.get("PROPEL_PROGRESS_INTERVAL", "")
+    try:
+        return float(value) if value else PROGRESS_INTERVAL
+    except ValueError:
+        raise PropelError(f"PROPEL_PROGRESS_INTERVAL={value!r} is not a number of seconds") from None
+
+
+@contextlib.contextmanager
+def progress_lines(description: str, total: int, interval: float) -> Iterator[Callable[..., None]]:
+    """Progress as log lines, for a log or a pipe: every ``interval`` seconds (from a thread, so a line
+    comes even while no job finishes) and once at the end, ``DESCRIPTION: done/total done, N in
+    flight, R/s``. The rate is measured from the first ``advance`` on, so what an earlier run had
+    done (the callers' first ``advance``) does not count."""
+    opened = time.monotonic()
+    state: dict[str, Any] = {"done": 0, "in_flight": None, "first": None}  # first: (time, done) after it
+    lock = threading.Lock()
+
+    def line(last: bool = False) -> None:
+        now = time.monotonic()
+        with lock:
+            done, in_flight, first = state["done"], state["in_flight"], state["first"]
+        parts = [f"{description}: {done}/{total} done"]
+        if in_flight is not None and not last:
+            parts.append(f"{in_flight} in flight")
+        if first is not None and done > first[1] and now > first[0]:
+            parts.append(f"{(done - first[1]) / (now - first[0]):.2f}/s")
+        if last:
+            parts.append(f"{now - opened:.0f} s")
+        log.info(", ".join(parts))
+
+    def advance(n: int = 1, in_flight: int | None = None) -> None:
+        with lock:
+            state["done"] += n
+            if in_flight is not None:
+                state["in_flight"] = in_flight
+            if state["first"] is None:
+                state["first"] = (time.monotonic(), state["done"])
+
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(interval):
+            line()
+
+    ticker = threading.Thread(target=tick, name="propel-progress", daemon=True)
+    ticker.start()
+    try:
+        yield advance
+    finally:
+        stop.set()
+        ticker.join()
+        line(last=True)
 
 
 def start_run(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,8 +22,12 @@ from propel_core.embedded import resolve_model
 from propel_core.errors import PropelError
 from propel_core.records import Context, Label, Task
 from propel_core.replay import ReplayBuffer, replaying
-from propel_core.reward import reward_scorer
+from propel_core.reward import COMPLETIONS, main_probe, reward_scorer
 from propel_core.run import Run, log
+
+# TRL reads ``model.is_gradient_checkpointing`` itself (trl/models/utils.py), which newer transformers
+# renamed and warns about at every step; nothing a caller passes avoids it, so only that one is hidden
+warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def train_generator(
@@ -61,11 +66,11 @@ def train_generator(
     buffer = ReplayBuffer.of(replay, seed)
     trainer_class = replaying(GRPOTrainer, buffer, replay.slots) if buffer else GRPOTrainer  # checks TRL's shape
     sampler = run.context_sampler(seed)
-    main_probe = Path(reward.main_probe) if reward.main_probe else run.dir / "probes" / "selected"
-    scorer = reward_scorer(run, reward, train_config, main_probe, solve, sampler=sampler, replay=buffer)
+    scorer = reward_scorer(run, reward, train_config, main_probe(run, reward), solve, sampler=sampler, replay=buffer)
     checkpoint = prepare_folder(folder, resume)
     scorer.log_path = folder / "reward_log.jsonl"
-    keep_steps_before(scorer.log_path, step_of(checkpoint))
+    for log_path in (scorer.log_path, folder / COMPLETIONS):
+        keep_steps_before(log_path, step_of(checkpoint))
 
     tokenizer, policy, path = load_policy(generator)
     contexts_by_prompt: dict[str, Context] = {}
@@ -86,7 +91,7 @@ def train_generator(
         max_completion_length=train_config.max_completion_length,
         loss_type=train_config.loss_type,
         mask_truncated_completions=train_config.mask_truncated_completions,
-        gradient_checkpointing=train_config.gradient_checkpointing,
+        **{checkpointing_argument(GRPOConfig): train_config.gradient_checkpointing},
         epsilon=train_config.epsilon_low,
         epsilon_high=train_config.epsilon_high,
         save_steps=train_config.checkpoint_every,
@@ -273,6 +278,13 @@ def last_checkpoint(folder: Path) -> Path | None:
     return max(found, key=step_of, default=None)
 
 
+def checkpointing_argument(config_class) -> str:
+    """The training argument that turns activation checkpointing on: ``activation_checkpointing`` where
+    transformers has it (its old name ``gradient_checkpointing`` warns on every run there)."""
+    fields = getattr(config_class, "__dataclass_fields__", {})
+    return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+
+
 def step_of(checkpoint: Path | None) -> int:
     """The optimizer steps a checkpoint was saved after (0 for none)."""
     return int(checkpoint.name.split("-")[-1]) if checkpoint is not None else 0
@@ -280,28 +292,32 @@ def step_of(checkpoint: Path | None) -> int:
 
 def prepare_folder(folder: Path, resume: bool) -> Path | None:
     """The checkpoint a training run goes on from (``resume`` and the folder has one); starting over,
-    the old checkpoints and logs are removed, so no later resume picks up a checkpoint of another run."""
+    the old checkpoints, adapter and logs are removed first, so no later resume picks up a checkpoint of
+    another run and nothing reads an old adapter as the new training's while it runs (or after it
+    failed)."""
     folder.mkdir(parents=True, exist_ok=True)
     checkpoint = last_checkpoint(folder) if resume else None
     if checkpoint is None:
-        for old in folder.glob("checkpoint-*"):
+        for old in [*folder.glob("checkpoint-*"), folder / "adapter"]:
             shutil.rmtree(old, ignore_errors=True)
-        (folder / "reward_log.jsonl").unlink(missing_ok=True)
+        for log_path in ("log.jsonl", "reward_log.jsonl", COMPLETIONS, "rollouts.jsonl"):
+            (folder / log_path).unlink(missing_ok=True)
     return checkpoint
 
 
-def keep_steps_before(reward_log: Path, step: int) -> None:
-    """Drop the reward log's entries of steps a resumed run will redo (``step`` and later)."""
-    if not reward_log.exists():
+def keep_steps_before(log_path: Path, step: int) -> None:
+    """Drop a per-step log's entries (the reward log, the completions) of steps a resumed run will redo
+    (``step`` and later)."""
+    if not log_path.exists():
         return
     kept = []
-    for line in reward_log.read_text().splitlines():
+    for line in log_path.read_text().splitlines():
         try:
             if json.loads(line)["step"] < step:
                 kept.append(line)
         except (ValueError, KeyError):  # a line torn by the kill
             continue
-    reward_log.write_text("".join(line + "\n" for line in kept))
+    log_path.write_text("".join(line + "\n" for line in kept))
 
 
 def train_and_save(trainer, folder: Path, checkpoint: Path | None = None) -> None:

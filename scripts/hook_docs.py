@@ -7,10 +7,15 @@ tests/test_docs.py fails while the checked-in page differs from what this render
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
 
+from pydantic_core import PydanticUndefined
+
 from propel_core import hookspecs
+from propel_core.domain import Verdict
+from propel_core.records import Context, Label, SolverAttempt, Task, Validity
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "plugin_hooks.md"
 COMMAND = ".venv/bin/python scripts/hook_docs.py"
@@ -26,11 +31,52 @@ def signature(hook) -> str:
     return f"{hook.__name__}{inspect.signature(hook)}"
 
 
+#: the records a plugin reads and returns, documented after the hooks
+RECORDS = (Context, Task, Validity, Verdict, SolverAttempt, Label)
+
+
+def fields_table(record: type) -> str:
+    """A record's fields as a table: name, type, default and meaning (pydantic descriptions, or the
+    dataclass fields' ``doc`` metadata)."""
+    rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    if dataclasses.is_dataclass(record):
+        entries = [
+            (f.name, f.type, _default(f.default, f.default_factory), f.metadata.get("doc", ""))
+            for f in dataclasses.fields(record)
+        ]
+    else:
+        entries = [
+            (name, info.annotation, _default(info.default, info.default_factory), info.description or "")
+            for name, info in record.model_fields.items()
+        ]
+    for name, annotation, default, meaning in entries:
+        kind = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+        kind = kind.replace("|", "\\|")  # a union's bar is no column's end
+        rows.append(f"| `{name}` | `{kind}` | {default} | {meaning} |")
+    return "\n".join(rows)
+
+
+def _default(default, factory) -> str:
+    if factory not in (None, dataclasses.MISSING):
+        return f"`{factory()!r}`"
+    if default in (dataclasses.MISSING, PydanticUndefined):
+        return "required"
+    return f"`{default!r}`"
+
+
 def render() -> str:
-    """The page: a title, the module docstring, then each hook's signature and docstring."""
+    """The page: a title, the module docstring, each hook's signature and docstring, then the records
+    plugins read and return, field by field."""
     parts = ["# Plugin hooks", inspect.getdoc(hookspecs)]
     for hook in hooks():
         parts += [f"## {signature(hook)}", inspect.getdoc(hook)]
+    parts += [
+        "# Records",
+        "What the hooks above read and return (all importable from `propel_core`). Records are pydantic "
+        "models that refuse unknown fields; `Verdict` is a dataclass a domain's `grade` returns.",
+    ]
+    for record in RECORDS:
+        parts += [f"## {record.__name__}", inspect.getdoc(record), fields_table(record)]
     return "\n\n".join(parts) + "\n"
 
 

@@ -96,3 +96,22 @@ def test_global_flags_work_after_the_command(propel_cli, tmp_path):
     config.write_text("domain:\n  name: countdown\n")
     after = propel_cli("config", str(config), "-q")
     assert after.stdout == propel_cli("-q", "config", str(config)).stdout and "countdown" in after.stdout
+
+
+def test_progress_reaches_a_log_without_a_terminal(propel_cli, tmp_path, monkeypatch):
+    """stderr captured (not a terminal): plain progress lines every PROPEL_PROGRESS_INTERVAL seconds and
+    one at the end, on the propel log; none with -q."""
+    import re
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"domain:\n  name: arithmetic\nrun_dir: {tmp_path / 'run'}\n")
+    monkeypatch.setenv("PROPEL_PROGRESS_INTERVAL", "0.2")
+    result = propel_cli("generate", str(config), "generate.num_tasks=6", "generator.sampling.max_new_tokens=8")
+    lines = [line for line in result.stderr.splitlines() if line.startswith("generate (SmolLM2-135M-Instruct): ")]
+    assert len(lines) >= 3, result.stderr  # the model's turns take seconds: several lines while they run
+    assert re.fullmatch(r"generate \(SmolLM2-135M-Instruct\): 6/6 done, [\d.]+/s, \d+ s", lines[-1]), lines
+    assert any(re.search(r": [0-5]/6 done(, \d+ in flight)?", line) for line in lines[:-1]), lines
+    assert "━" not in result.stderr + result.stdout  # no bar drawn for nobody
+
+    quiet = propel_cli("generate", str(config), "generate.num_tasks=8", "generator.sampling.max_new_tokens=8", "-q")
+    assert "done" not in quiet.stderr and "generated 8" in quiet.stdout

@@ -153,3 +153,57 @@ def test_a_band_no_solve_rate_can_reach_is_named_when_the_config_is_read(propel_
     config = validate_config({"domain": {"name": "countdown"}, "label": label}, propel_registry)
     assert config.label.reachable_in_band() is reachable
     assert ("no solve rate that k=" in caplog.text) is not reachable
+
+
+def test_a_component_options_are_read_as_its_factory_reads_them(propel_registry):
+    """Options are checked against the factory's own signature, nested ones too: a sandbox option
+    inside a domain's options, a value of another type; a value pydantic reads is put back as read (a
+    quoted "false" would be a true string)."""
+
+    def problems(options):
+        with pytest.raises(ConfigError) as caught:
+            validate_config({"domain": {"name": "azr", "options": options}}, propel_registry)
+        return str(caught.value)
+
+    assert "domain 'azr' option 'sandbox_options': sandbox 'local' takes no option 'timeout'" in problems(
+        {"sandbox_options": {"timeout": 5}}
+    )
+    assert "(did you mean 'time_limit'?)" not in problems({"sandbox_options": {"timeout": 5}})  # too far apart
+    assert "unknown sandbox 'lcal'; installed: docker, local (did you mean 'local'?)" in problems({"sandbox": "lcal"})
+    assert "sandbox 'local' option 'memory_mb' = 'lots': Input should be a valid integer" in problems(
+        {"sandbox_options": {"memory_mb": "lots"}}
+    )
+    config = validate_config({"domain": {"name": "countdown", "options": {"direct_answer": "false"}}}, propel_registry)
+    assert config.domain.options == {"direct_answer": False}
+    assert propel_registry.domain("countdown", **config.domain.options).direct_answer is False
+
+
+def test_a_factory_propel_cannot_call_is_named(propel_registry):
+    """A sampler whose seed is positional-only, or a rule whose config is keyword-only, is named when
+    the config is read, not when the stage calls it."""
+    from propel_core.plugins import CALLS
+
+    def sampler(contexts, seed, /, rate=0.5):
+        raise AssertionError("never called")
+
+    def rule(*, config, threshold=0.5):
+        raise AssertionError("never called")
+
+    propel_registry.components["context_samplers"]["odd"] = type(
+        next(iter(propel_registry.components["context_samplers"].values()))
+    )("context_samplers", "odd", sampler, "test")
+    propel_registry.components["reward_rules"]["odd"] = type(
+        next(iter(propel_registry.components["reward_rules"].values()))
+    )("reward_rules", "odd", rule, "test")
+    try:
+        assert CALLS["context_samplers"] == (1, ("seed",))
+        assert propel_registry.check_options("context_samplers", "odd", {}) == [
+            "context sampler 'odd''s factory cannot be called as propel calls it, with 1 positional argument(s) "
+            "and the keyword(s) seed; see docs/plugin_hooks.md"
+        ]
+        assert (
+            "reward rule 'odd''s factory cannot be called"
+            in propel_registry.check_options("reward_rules", "odd", {})[0]
+        )
+    finally:
+        del propel_registry.components["context_samplers"]["odd"], propel_registry.components["reward_rules"]["odd"]

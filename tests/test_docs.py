@@ -126,3 +126,23 @@ def test_cli_doc_names_the_demo_domain():
     demo = yaml.safe_load((ROOT / "propel_core" / "configs" / "demo.yaml").read_text())
     section = (ROOT / "docs" / "cli.md").read_text().split("## propel demo\n", 1)[1].split("\n## ", 1)[0]
     assert f"the {demo['domain']['name']} domain" in " ".join(section.split())
+
+
+def test_library_doc_runs_a_stage_from_python(tmp_path, monkeypatch, capsys):
+    """The "Running a stage from Python" block of docs/library.md, run as written (from a folder holding
+    the tiny config where the block names it), writes and reads back what it says."""
+    import shutil
+
+    section = (ROOT / "docs" / "library.md").read_text().split("### Running a stage from Python\n", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)  # the section's first block
+    (tmp_path / "tests" / "example_plugin").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "example_plugin" / "tiny.yaml", tmp_path / "tests" / "example_plugin")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/library.md", "exec"), {})
+    from propel_core.records import Task, iter_jsonl
+
+    tasks = list(iter_jsonl(tmp_path / "runs" / "from-python" / "tasks.jsonl", Task))
+    assert len(tasks) == 4 and (tmp_path / "runs" / "from-python" / "config.yaml").exists()
+    out = capsys.readouterr().out
+    assert "generated 4 -> parsed" in out
+    assert f"4 tasks, {sum(t.validity.valid for t in tasks)} valid; first: " in out

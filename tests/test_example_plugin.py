@@ -40,3 +40,30 @@ def test_generate_with_third_party_domain(example_plugin, propel_cli, tmp_path):
     assert all(t.context_id.startswith("letter-") for t in tasks)
     parsed = [t for t in tasks if t.payload is not None]
     assert all(t.text == f"Reverse the letters of the word: {t.payload['word']}" for t in parsed)
+
+
+@pytest.mark.slow
+def test_the_tiny_config_runs_every_stage(propel_cli, tmp_path):
+    """tests/example_plugin/tiny.yaml, the tutorial's ready config, through `propel run` on the embedded
+    model: every stage writes its output (a few minutes on 2 cores)."""
+    from pathlib import Path
+
+    from propel_core.records import Label, iter_jsonl
+    from propel_core.stages import STAGES
+
+    tiny = Path(__file__).parent / "example_plugin" / "tiny.yaml"
+    result = propel_cli("-q", "run", str(tiny), f"run_dir={tmp_path}")
+    labels = list(iter_jsonl(tmp_path / "labels.jsonl", Label))
+    assert {label.utility for label in labels} == {0, 1}  # both sides of the band: the probe has rows to tell apart
+    outputs = {
+        "generate": "tasks.jsonl",
+        "label": "labels.jsonl",
+        "extract": "activations",
+        "probe": "probes/selected/probe.json",
+        "train": "train/adapter/adapter_config.json",
+        "evaluate": "eval/metrics.json",
+        "report": "report.html",
+    }
+    assert set(outputs) == set(STAGES)
+    assert all((tmp_path / path).exists() for path in outputs.values()), sorted(p.name for p in tmp_path.iterdir())
+    assert "| utility (in band / all) |" in result.stdout  # evaluate's table

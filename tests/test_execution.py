@@ -10,11 +10,13 @@ import pytest
 
 from propel_core import hookimpl
 from propel_core.config import DomainConfig, ModelConfig, Sampling
+from propel_core.contracts import Attempt, Episode
 from propel_core.domain import Domain, ParseError, Verdict
 from propel_core.errors import PropelError
-from propel_core.execution import Attempt, Episode, Worker, job_seed, task_id
+from propel_core.execution import job_seed, task_id
 from propel_core.records import Context, Task, iter_jsonl
 from propel_core.testing import kill_when_written
+from propel_core.worker import Worker
 from propel_plugins.executors import LocalExecutor
 
 pytestmark = pytest.mark.slow
@@ -152,3 +154,49 @@ def test_generate_killed_and_resumed_writes_what_an_uninterrupted_run_writes(tmp
     by_id = lambda path: sorted(list(iter_jsonl(path, Task)), key=lambda task: task.id)  # noqa: E731
     assert by_id(tasks_path) == by_id(whole / "tasks.jsonl")
     assert len(by_id(tasks_path)) == 16
+
+
+class ThreadsSeen:
+    """A job runner whose model turn records torch's thread count (no model: the count is the point)."""
+
+    def __init__(self):
+        self.seen = set()
+
+    def key(self):
+        return "threads"
+
+    def generate(self, prompts, sampling, n=1, seed=None):
+        import torch
+
+        self.seen.add(torch.get_num_threads())
+        return [["x"] * n for _ in prompts]
+
+    def run(self, job, generate=None):
+        return (generate or self.generate)(["p"], Sampling())[0][0]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 8])
+def test_the_local_executor_shares_the_cores_among_its_workers(workers, monkeypatch):
+    import torch
+
+    from propel_plugins.executors import available_cores
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    before, runner = torch.get_num_threads(), ThreadsSeen()
+    assert len(dict(LocalExecutor(workers=workers).run(runner, list(range(6))))) == 6
+    assert runner.seen == {max(1, available_cores() - workers + 1)}
+    assert torch.get_num_threads() == before  # given back when the jobs are done
+
+    runner = ThreadsSeen()
+    dict(LocalExecutor(workers=workers, torch_threads=3).run(runner, list(range(3))))
+    assert runner.seen == {3}  # executor.options.torch_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(5)
+    try:
+        runner = ThreadsSeen()
+        dict(LocalExecutor(workers=workers).run(runner, list(range(3))))
+        assert runner.seen == {5}  # the user chose: kept
+    finally:
+        torch.set_num_threads(before)

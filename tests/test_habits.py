@@ -54,12 +54,72 @@ def test_label_metrics_reach_tensorboard(tmp_path):
     assert "label/solved_4_of_4" in events.Tags()["scalars"]
 
 
-def test_tracking_off_by_default_and_a_missing_tracker_is_one_line(tmp_path):
+def wandb_history(run_dir: Path) -> list[dict]:
+    """The metrics rows of the one offline wandb run under ``run_dir/wandb``, read back from its
+    ``run-ID.wandb`` file: a 7-byte header (":W&B", magic, version), then LevelDB log records (crc,
+    length, type) in 32 KiB blocks, each record a wandb ``Record`` protobuf."""
+    import struct
+
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    data, block, position, pending, rows = path.read_bytes(), 32768, 7, b"", []
+    assert data[:4] == b":W&B"
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block's tail too short for a header is padding
+            position += block - position % block
+            continue
+        length, kind = struct.unpack("<HB", data[position + 4 : position + 7])
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append(
+                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                )
+    return rows
+
+
+def test_label_metrics_reach_wandb_and_trackio(tmp_path, propel_cli, monkeypatch):
+    """Both trackers for real, through the propel command: wandb in offline mode (its run file under
+    the run folder) and trackio (its local SQLite store in TRACKIO_DIR), each read back."""
+    import sqlite3
+
+    labeled_run(tmp_path)
+    for variable, folder in [
+        ("TRACKIO_DIR", "trackio"),
+        ("WANDB_CONFIG_DIR", "wandb-config"),
+        ("WANDB_CACHE_DIR", "wandb-cache"),
+        ("WANDB_DATA_DIR", "wandb-data"),
+    ]:
+        monkeypatch.setenv(variable, str(tmp_path / folder))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    propel_cli("label", str(tmp_path / "run.yaml"), "report_to=[wandb,trackio]")
+    labels = list(iter_jsonl(tmp_path / "labels.jsonl", Label))
+    expected = {"label/labeled": len(labels), "label/in_band": sum(label.utility == 1 for label in labels)}
+    assert expected["label/labeled"] > 0
+
+    (row,) = wandb_history(tmp_path)
+    assert {key: row[key] for key in expected} == expected
+
+    with sqlite3.connect(tmp_path / "trackio" / "propel.db") as db:
+        (run_name, metrics), *others = db.execute("SELECT run_name, metrics FROM metrics").fetchall()
+    assert not others and run_name == tmp_path.name
+    assert {key: json.loads(metrics)[key] for key in expected} == expected
+
+
+def test_tracking_off_by_default_and_a_missing_tracker_is_one_line(tmp_path, monkeypatch):
+    import sys
+
     from propel_core.tracking import Tracker
 
     run = labeled_run(tmp_path)
     run.track("label", {"x": 1.0})
     assert not (tmp_path / "tensorboard").exists()
+    monkeypatch.setitem(sys.modules, "trackio", None)  # Python's own way to make a module not importable
     with pytest.raises(PropelError, match=r"report_to names trackio, which is not installed: pip install trackio"):
         Tracker(["trackio"], tmp_path).log("label", {"x": 1.0})
 
@@ -203,7 +263,8 @@ def test_a_probe_bundle_reads_with_plain_transformers_and_safetensors(tmp_path, 
 @pytest.mark.slow
 def test_training_killed_after_a_checkpoint_resumes_from_it(tmp_path, propel_cli):
     """SIGKILL `propel train` once a checkpoint is saved; the rerun goes on from it to the last step,
-    with one reward-log entry per step, and a rerun with other training settings is refused."""
+    with one reward-log entry per step, and a rerun with other training settings, another reward rule or
+    (for a rule that runs the solver) other solver settings is refused."""
     import os
     import signal
     import subprocess
@@ -230,6 +291,10 @@ def test_training_killed_after_a_checkpoint_resumes_from_it(tmp_path, propel_cli
 
     refused = propel_cli("train", str(tmp_path / "run.yaml"), "train.lr=1e-3", check=False)
     assert refused.returncode == 1 and "train was made with other settings (train.lr: 5e-05 -> 0.001)" in refused.stderr
+    rule = propel_cli("train", str(tmp_path / "run.yaml"), "reward.rule=hard", check=False)  # one adapter, one rule
+    assert rule.returncode == 1 and 'reward.rule: "solver_in_the_loop" -> "hard"' in rule.stderr
+    solver = propel_cli("train", str(tmp_path / "run.yaml"), "solver.sampling.temperature=0.9", check=False)
+    assert solver.returncode == 1 and "(solver.sampling.temperature: 0.6 -> 0.9)" in solver.stderr  # the rule reads it
 
     resumed = propel_cli("train", str(tmp_path / "run.yaml"))
     assert "resuming from" in resumed.stderr and "checkpoint-" in resumed.stderr
@@ -247,3 +312,73 @@ def test_training_killed_after_a_checkpoint_resumes_from_it(tmp_path, propel_cli
         1,
         2,
     ]
+
+
+def test_a_stages_own_settings_replace_what_its_inputs_recorded(tmp_path):
+    """The probe stage records the reward options it selected with; a training whose own options are
+    fewer (an option dropped, back to its default) is another training, not the probe's options again."""
+    from propel_core.config import validate_config
+    from propel_core.provenance import claim
+
+    def config(**options):
+        data = {"domain": {"name": "countdown"}, "reward": {"rule": "soft", "options": {"soft": options}}}
+        return validate_config(data).model_dump(mode="json")
+
+    clipped = config(clip_low=0.3)
+    claim(tmp_path, "probes", clipped, False, False, ("reward.options.soft",))
+    claim(tmp_path, "train", clipped, False, False, ("reward.options.soft",))
+    with pytest.raises(PropelError, match=r"reward.options.soft.clip_low: 0.3 -> null"):
+        claim(tmp_path, "train", config(), True, False, ("reward.options.soft",))
+    recorded = json.loads((tmp_path / "settings.json").read_text())
+    assert recorded["train"]["reward.options.soft.clip_low"] == 0.3  # a refusal records nothing
+    # another rule's options are not this training's: changing them refuses nothing
+    other = validate_config(
+        {
+            "domain": {"name": "countdown"},
+            "reward": {"rule": "soft", "options": {"soft": {"clip_low": 0.3}, "hard": {}}},
+        }
+    )
+    claim(tmp_path, "train", other.model_dump(mode="json"), True, False, ("reward.options.soft",))
+
+
+def test_a_bundle_is_known_by_its_content_and_starting_over_clears_the_folder(tmp_path):
+    from propel_core.provenance import folder_digest
+    from propel_core.training import prepare_folder
+
+    bundle = tmp_path / "probe"
+    bundle.mkdir()
+    (bundle / "probe.json").write_text("{}")
+    (bundle / "probe.safetensors").write_bytes(b"ab")
+    first = folder_digest(bundle)
+    moved = tmp_path / "elsewhere"
+    bundle.rename(moved)
+    assert folder_digest(moved) == first and folder_digest(bundle) is None
+    (moved / "probe.safetensors").write_bytes(b"ba")
+    assert folder_digest(moved) != first
+    (moved / "probe.json").write_text("{}a")  # a byte moved from one file to the other is another bundle
+    (moved / "probe.safetensors").write_bytes(b"b")
+    assert folder_digest(moved) not in (first, None)
+
+    folder = tmp_path / "train"
+    (folder / "adapter").mkdir(parents=True)
+    for name in ("log.jsonl", "reward_log.jsonl", "completions.jsonl"):
+        (folder / name).write_text("{}\n")
+    assert prepare_folder(folder, resume=True) is None  # no checkpoint: a new training, whose files go
+    assert sorted(p.name for p in folder.iterdir()) == []
+
+
+def test_a_refusals_file_of_another_shape_is_read_as_none(tmp_path):
+    from propel_core.provenance import record_refusal, refusals
+
+    for text in (
+        "[1]",
+        '"x"',
+        '{"probe": {"reason": 42, "blocks": []}}',
+        '{"probe": {"reason": "r", "blocks": "train"}}',
+    ):
+        (tmp_path / "refusals.json").write_text(text)
+        assert refusals(tmp_path) == {}
+    record_refusal(tmp_path, "probe", "all labels outside the band", ("train", "evaluate"))
+    assert refusals(tmp_path) == {"probe": {"reason": "all labels outside the band", "blocks": ["train", "evaluate"]}}
+    record_refusal(tmp_path, "probe", None)
+    assert refusals(tmp_path) == {}

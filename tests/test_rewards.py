@@ -22,7 +22,10 @@ def task(valid: bool) -> Task:
 
 @pytest.fixture
 def rule(propel_registry):
-    return lambda name, **options: propel_registry.reward_rule(name, RewardConfig(**options))
+    def made(name, options=None, **settings):
+        return propel_registry.reward_rule(name, RewardConfig(**settings, options={name: options or {}}))
+
+    return made
 
 
 def test_hard(rule):
@@ -36,6 +39,8 @@ def test_soft_clips(rule):
     assert soft(task(True), {"probability": 0.01}) == 0.1
     assert soft(task(True), {"probability": 0.99}) == 0.95
     assert soft(task(True), {"probability": 0.5}) == 0.5
+    narrow = rule("soft", {"clip_low": 0.3, "clip_high": 0.6})  # its options, reward.options.soft
+    assert [narrow(task(True), {"probability": p}) for p in (0.01, 0.5, 0.99)] == [0.3, 0.5, 0.6]
     assert soft(task(False), {"probability": 0.5}) == -0.2
 
 
@@ -88,7 +93,7 @@ def test_partial_instrumentation_gives_invalid_tasks_credit_per_marker(rule):
     assert partial(task(True), {"markers": 5, "verifier_score": 0.62}) == 0.62
     # a valid task without a finite score is treated like an invalid one (seed 002)
     assert partial(task(True), {"markers": 5, "verifier_score": math.nan}) == pytest.approx(-9.5)
-    chosen = rule("partial_instrumentation", valid_score="logit", partial_base=-1.0, partial_step=0.5)
+    chosen = rule("partial_instrumentation", {"valid_score": "logit", "partial_base": -1.0, "partial_step": 0.5})
     assert chosen(task(True), {"markers": 1, "logit": 2.0}) == 2.0
     assert chosen(task(False), {"markers": 1, "logit": 2.0}) == -0.5
     with pytest.raises(RewardError, match="markers"):
@@ -101,7 +106,7 @@ def test_rules_declare_the_scores_they_need(rule):
     assert reads_probe(rule("hard")) and reads_probe(rule("wco"))
     assert not reads_probe(rule("solver_in_the_loop"))
     assert not reads_probe(rule("partial_instrumentation"))
-    assert reads_probe(rule("partial_instrumentation", valid_score="probability"))
+    assert reads_probe(rule("partial_instrumentation", {"valid_score": "probability"}))
 
 
 def test_countdown_markers_follow_the_validity_funnel(propel_registry):

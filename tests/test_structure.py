@@ -102,3 +102,72 @@ def test_the_checks_can_fail(tmp_path):
     )
     assert "propel_core.stages.train" in imported_modules(stage)
     assert reads_run_config(stage) == [3]
+
+
+def test_the_contracts_depend_on_the_records_alone():
+    """contracts.py types what plugins contribute; it imports no module that implements them (not even
+    for type checking), so no import cycle runs through it."""
+    core = {m for m in imported_modules(ROOT / "propel_core" / "contracts.py") if m.startswith("propel_core")}
+    assert {m.rsplit(".", 1)[0] if m.count(".") > 1 else m for m in core} <= {"propel_core.records"}
+
+
+def test_every_public_name_is_the_object_its_module_defines():
+    """``from propel_core import X`` is the one import a plugin author needs, for each name of
+    ``propel_core.__all__``; it gives the very object of the module that defines it."""
+    import importlib
+
+    import pytest
+
+    import propel_core
+
+    assert len(propel_core.__all__) >= 20 and len(set(propel_core.__all__)) == len(propel_core.__all__)
+    for module, names in propel_core.PUBLIC.items():
+        for name in names:
+            assert getattr(propel_core, name) is getattr(importlib.import_module(module), name), name
+    with pytest.raises(AttributeError, match="no attribute 'Domian'"):
+        propel_core.Domian  # noqa: B018
+
+
+def core_imports() -> dict[str, set[str]]:
+    """propel_core's modules -> the propel_core modules each imports, at any depth (type-checking and
+    in-function imports count; ``propel_core`` itself, whose names load lazily, does not)."""
+    modules = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in (ROOT / "propel_core").rglob("*.py")
+    }
+    return {
+        name: {m for m in imported_modules(path) if m in modules and m not in (name, "propel_core")}
+        for name, path in modules.items()
+    }
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (its modules in order), or [] when there is none."""
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = "done"
+        path.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_no_import_cycle_in_the_core():
+    """No module of propel_core reaches itself through imports, not even through one made only for type
+    checking, so each layer can be read (and tested) without the ones above it."""
+    graph = core_imports()
+    assert {"propel_core.contracts", "propel_core.run", "propel_core.execution"} <= set(graph)
+    assert cycle(graph) == [], " -> ".join(cycle(graph))
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check can fail

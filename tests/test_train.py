@@ -145,7 +145,10 @@ def test_partial_instrumentation_through_the_scorer(probed_run):
     from propel_core.config import validate_config as validate
 
     data = probed_run.config.model_dump(mode="json")
-    data["reward"] = {"rule": "partial_instrumentation", "valid_score": "logit"}
+    data["reward"] = {
+        "rule": "partial_instrumentation",
+        "options": {"partial_instrumentation": {"valid_score": "logit"}},
+    }
     run = Run(validate(data, probed_run.registry), probed_run.registry, quiet=True)
     scorer = scorer_for(run)
     prompt = run.domain().generator_prompt(run.domain().contexts()[0])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from propel_core.errors import PropelError
+from propel_core.provenance import record_refusal
 from propel_core.run import Run
 from propel_core.stages.coevolve import coevolve
 from propel_core.stages.evaluate import evaluate
@@ -38,3 +40,19 @@ FOLLOW_UPS: dict[str, Callable[[Run], None]] = {
     "solve-train": solve_train,
     "self-train": self_train,
 }
+
+
+def run_stage(run: Run, name: str) -> None:
+    """Run the stage (or follow-up) ``name``; when it refuses (a ``PropelError``: all labels outside
+    the band, no valid tasks, a file made with other settings), the reason and the pipeline stages it
+    holds up are kept in the run folder for ``propel report`` to show
+    (:func:`propel_core.provenance.record_refusal`) before the error goes on; when it finishes, a
+    reason kept from before is dropped."""
+    try:
+        {**STAGES, **FOLLOW_UPS}[name](run)
+    except PropelError as exc:
+        order = list(STAGES)
+        later = tuple(order[order.index(name) + 1 :]) if name in order else ()
+        record_refusal(run.dir, name, str(exc), later)
+        raise
+    record_refusal(run.dir, name, None)

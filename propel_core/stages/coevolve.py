@@ -21,8 +21,9 @@ from propel_core.errors import NotEnoughData
 from propel_core.execution import solver_labels
 from propel_core.probes import ensemble_probes, fit_at_cell, load_probe
 from propel_core.records import Label, Task, iter_jsonl
+from propel_core.reward import reward_reads
 from propel_core.run import Run, log
-from propel_core.training import train_generator
+from propel_core.training import prepare_folder, train_generator
 
 
 def coevolve(run: Run) -> None:
@@ -37,6 +38,8 @@ def coevolve(run: Run) -> None:
         extra = ensemble_probes(run.registry, run.dir, config.probe, config.seed, size, folder / "ensemble")
     reward = config.reward.model_copy(update={"rule": config.coevolve.mode, "probes": [str(p) for p in extra]})
     log.info("retraining with the %s rule: %s + %s", config.coevolve.mode, selected, ", ".join(map(str, extra)))
+    prepare_folder(folder / "train", resume=False)  # retrained whole: the old adapter goes first
+    run.claim("coevolve", False, *reward_reads(run, reward))  # recorded, for what evaluates its adapter
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
     train_generator(run, folder / "train", config.generator, config.train, reward, config.seed, solve)
 

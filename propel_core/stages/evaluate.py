@@ -23,8 +23,8 @@ from propel_core.evaluation import (
     per_context_utility,
     shift_text,
 )
-from propel_core.execution import sample_and_label
-from propel_core.provenance import holds_records
+from propel_core.execution import sample_and_label, ungradable_summary
+from propel_core.provenance import folder_digest, holds_records
 from propel_core.run import Run, log
 
 #: the rows of the side-by-side table: metric key and its heading
@@ -51,15 +51,21 @@ def evaluate(run: Run) -> None:
     """Sample, validate and solve tasks from each arm; write metrics, a table and histograms."""
     config = run.config
     folder = run.dir / "eval"
-    run.claim("eval", exists=holds_records(*folder.glob("*/*.jsonl")))
+    arms = adapters(run)
+    for arm, adapter in arms.items():  # every arm before any work: a refusal loses nothing
+        digest = {"adapter": folder_digest(adapter) if adapter else None}  # a retrained adapter is another arm
+        run.claim(f"eval/{arm}", holds_records(*(folder / arm).glob("*.jsonl")), values=digest)
     seed = evaluation_seed(config.seed)
     label = config.label.model_copy(update={"k": config.evaluate.k})
     contexts = run.context_sampler(seed).sample(config.evaluate.num_tasks)
-    results, utilities = {}, {}
-    for arm, adapter in adapters(run).items():
+    results, utilities, every_label = {}, {}, []
+    for arm, adapter in arms.items():
         log.info("evaluating arm %s", arm)
         generator = config.generator.with_adapter(adapter)
-        tasks, labels = sample_and_label(run, generator, contexts, folder / arm, config.solver, label, seed)
+        arm_folder = folder / arm
+        redo = run.redo_ungradable
+        tasks, labels = sample_and_label(run, generator, contexts, arm_folder, config.solver, label, seed, redo)
+        every_label += labels
         results[arm] = arm_metrics(tasks, labels, config.evaluate.k)
         utilities[arm] = per_context_utility(tasks, labels)
         if arm != "base":  # the same contexts and seeds as base: a paired comparison, context by context
@@ -72,6 +78,7 @@ def evaluate(run: Run) -> None:
     histogram_plot(folder / "solve_counts.png", results, config.evaluate.k, config.label)
     run.say(table_text)
     run.say(evaluation_verdict(results))
+    ungradable_summary(run, "evaluate", every_label)
 
 
 def headline(values: dict) -> dict[str, float]:

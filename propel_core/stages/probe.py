@@ -42,7 +42,8 @@ def probe(run: Run) -> None:
     import torch
 
     config, probe_config = run.config, run.config.probe
-    run.claim("probes", exists=False)  # rewritten whole each time: recorded, for what trains against it
+    # rewritten whole each time: recorded, for what trains against it (RVP reads the rule and its options)
+    run.claim("probes", False, (f"reward.options.{config.reward.rule}",))
     labels = [label for label in iter_jsonl(run.dir / "labels.jsonl", Label) if label.utility is not None]
     if not labels:
         raise PropelError(f"no labels with a known utility in {run.dir / 'labels.jsonl'}: run `propel label` first")

@@ -6,7 +6,8 @@ from ``propel evaluate``). Then the evidence: the probe's quality on held-out ro
 experiment, on each arm's own tasks), training curves, solve-count histograms, the data funnel and
 example tasks; the config comes last, folded. Every metric carries the rows it was measured on, and
 one measured on fewer than 30 says so. Pictures are embedded as data URIs, so the page can be mailed
-or attached as it is. A section whose stage has not run says which stage to run.
+or attached as it is. A section whose stage has not run says which stage to run, and why it did not
+run where a stage refused (``RUN/refusals.json``, kept by :func:`propel_core.provenance.record_refusal`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from pathlib import Path
 
 from propel_core.config import dump_config
 from propel_core.evaluation import evaluation_verdict, shift_text
+from propel_core.execution import ungradable_line
 from propel_core.experiment import FEW_ROWS, FILE
+from propel_core.provenance import refusals
 from propel_core.records import Label, Task, iter_jsonl
+from propel_core.reward import COMPLETIONS
 from propel_core.run import Run
 
 STYLE = """
@@ -90,7 +94,7 @@ def headline_section(root: Path) -> str:
     """Utility per arm with its standard error, each trained arm against base, and the verdict."""
     path = root / "eval" / "metrics.json"
     if not path.exists():
-        return missing("evaluate")
+        return missing(root, "evaluate")
     results = json.loads(path.read_text())
     rows = [
         [
@@ -227,7 +231,18 @@ def _number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-def missing(stage: str) -> str:
+def missing(root: Path, stage: str) -> str:
+    """What a section whose output ``stage`` writes says instead: why the stage refused when it did,
+    else why the pipeline stopped before it (an earlier stage that refused), else the command to run."""
+    found = refusals(root)
+    if stage in found:
+        reason = f"<code>propel {stage}</code> refused: {html.escape(found[stage]['reason'])}"
+        return f"<p class='missing'>not available: {reason}</p>"
+    earlier = [name for name, refusal in found.items() if stage in refusal["blocks"]]
+    if earlier:
+        before = earlier[-1]
+        reason = f"<code>propel {before}</code>, which refused: {html.escape(found[before]['reason'])}"
+        return f"<p class='missing'>not available yet: <code>propel {stage}</code> comes after {reason}</p>"
     return f"<p class='missing'>not available yet: run <code>propel {stage}</code>.</p>"
 
 
@@ -259,7 +274,7 @@ def _cell(cell: object) -> str:
 
 def funnel_section(root: Path) -> str:
     if not (root / "tasks.jsonl").exists():
-        return missing("generate")
+        return missing(root, "generate")
     tasks = list(iter_jsonl(root / "tasks.jsonl", Task))
     labels = list(iter_jsonl(root / "labels.jsonl", Label))
     steps = [
@@ -267,15 +282,18 @@ def funnel_section(root: Path) -> str:
         ("parsed", sum(task.payload is not None for task in tasks)),
         ("valid", sum(task.validity.valid for task in tasks)),
         ("labeled", len(labels)),
+        ("with a known utility (enough gradable attempts)", sum(label.utility is not None for label in labels)),
         ("in band", sum(label.utility == 1 for label in labels)),
     ]
-    return rows_table(["step", "tasks"], [list(step) for step in steps])
+    line = ungradable_line("label", labels)
+    note = f"<p class='missing'>{html.escape(line)}</p>" if line else ""
+    return rows_table(["step", "tasks"], [list(step) for step in steps]) + note
 
 
 def probe_section(root: Path) -> str:
     bundle = root / "probes" / "selected" / "probe.json"
     if not bundle.exists():
-        return missing("probe")
+        return missing(root, "probe")
     description = json.loads(bundle.read_text())
     found = description["metrics"]
     chosen = [
@@ -305,11 +323,46 @@ def probe_section(root: Path) -> str:
 def training_section(root: Path) -> str:
     log_path = root / "train" / "reward_log.jsonl"
     if not log_path.exists():
-        return missing("train")
+        return missing(root, "train")
     entries = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     curves = root / "train" / "curves.png"
     training_curves(curves, entries)
-    return image(curves, "training curves")
+    return rules_line(entries) + image(curves, "training curves") + completions_table(root / "train" / COMPLETIONS)
+
+
+def rules_line(entries: list[dict]) -> str:
+    """Which reward rule (and options) gave the rewards, read from the reward log: each rule with the
+    steps it rewarded, so an adapter trained under two rules (allow_changed_settings) says so."""
+    steps: dict[str, list[int]] = defaultdict(list)
+    for entry in entries:
+        steps[f"{entry.get('rule', '(not logged)')} {json.dumps(entry.get('rule_options') or {})}"].append(
+            entry["step"]
+        )
+    parts = [f"<code>{html.escape(rule)}</code> (steps {min(s)}-{max(s)})" for rule, s in steps.items()]
+    warning = " <span class='missing'>(more than one rule: this adapter mixes them)</span>" if len(parts) > 1 else ""
+    return f"<p>Rewarded by {', '.join(parts)}{warning}.</p>"
+
+
+def completions_table(path: Path) -> str:
+    """The last reward call's sampled completions with their rewards (``train/completions.jsonl``)."""
+    if not path.exists():
+        return ""
+    calls = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not calls:
+        return ""
+    last = calls[-1]
+    rows = [
+        [
+            float(c["reward"]),
+            "cut off (length limit)" if c.get("overflow") else "valid" if c["valid"] else f"invalid: {c['reason']}",
+            "" if c.get("probability") is None else float(c["probability"]),
+            Markup(f"<span class='task'>{html.escape(c['generation'][:800])}</span>"),
+        ]
+        for c in last["completions"]
+    ]
+    return f"<h3>Completions of the last step ({last['step']}), sampled</h3>" + rows_table(
+        ["reward", "validity", "probe p", "generation"], rows
+    )
 
 
 def training_curves(path: Path, entries: list[dict]) -> None:
@@ -342,7 +395,7 @@ def training_curves(path: Path, entries: list[dict]) -> None:
 def evaluation_section(root: Path) -> str:
     table_path = root / "eval" / "table.md"
     if not table_path.exists():
-        return missing("evaluate")
+        return missing(root, "evaluate")
     lines = [line for line in table_path.read_text().splitlines() if line.strip()]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
@@ -351,16 +404,16 @@ def evaluation_section(root: Path) -> str:
 
 def examples_section(root: Path, k: int, per_bucket: int = 2) -> str:
     if not (root / "labels.jsonl").exists():
-        return missing("label")
+        return missing(root, "label")
     tasks = {task.id: task for task in iter_jsonl(root / "tasks.jsonl", Task)}
-    buckets: dict[int, list[Task]] = defaultdict(list)
+    buckets: dict[int, list[Task]] = defaultdict(list)  # -1: unknown, too few gradable attempts
     for label in iter_jsonl(root / "labels.jsonl", Label):
-        solved = sum(bool(a.solved) for a in label.attempts)
+        solved = -1 if label.utility is None else sum(bool(a.solved) for a in label.attempts)
         if len(buckets[solved]) < per_bucket and label.task_id in tasks:
             buckets[solved].append(tasks[label.task_id])
     parts = []
     for solved in sorted(buckets):
-        parts.append(f"<h3>solved {solved}/{k}</h3>")
+        parts.append(f"<h3>solved {solved}/{k}</h3>" if solved >= 0 else "<h3>unknown (too few gradable attempts)</h3>")
         for task in buckets[solved]:
             text = task.text if isinstance(task.text, str) else "\n---\n".join(task.text or [])
             parts.append(f"<p class='task'>{html.escape(text)}</p>")

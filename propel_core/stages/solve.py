@@ -78,7 +78,8 @@ def solve_train(run: Run) -> None:
     domain = run.domain()
     folder = run.dir / "solve" / options.name
     checkpoint = prepare_folder(folder, config.train.resume)  # starting over: the old checkpoints go first
-    run.claim(f"solve/{options.name}", exists=checkpoint is not None)
+    rule_keys = ("reward.r_bad", f"reward.options.{options.reward_rule}") if options.reward_rule else ()
+    run.claim(f"solve/{options.name}", checkpoint is not None, rule_keys)
     tasks = training_tasks(run, task_file(run, options.tasks), options.in_band_only)
     held_out, tasks = split_held_out(task_file(run, options.held_out), tasks, options.held_out_tasks)
     log.info("solver training on %d tasks, evaluation on %d held-out tasks", len(tasks), len(held_out))

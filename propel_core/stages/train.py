@@ -5,13 +5,17 @@ separate, frozen copy of the reference model, so the reward depends on the task 
 3.3). Writes the adapter (``train/adapter/``), checkpoints every ``train.checkpoint_every`` steps,
 TRL's metrics (``train/log.jsonl``) and the scorer's per-step diagnostics (``train/reward_log.jsonl``).
 A rerun resumes from the last checkpoint when ``train.resume`` (the default) and refuses when the
-settings the checkpoint was trained with differ (``RUN/settings.json``).
+settings the checkpoint was trained with differ (``RUN/settings.json``): the train section, the reward
+rule and its options, the probe bundles it reads (by content) and, for a rule reading live solver
+utility, the solver's settings. Each reward call logs the rule's name and options and keeps a sample
+of its completions with their rewards (``train/completions.jsonl``).
 Multi-GPU: ``accelerate launch -m propel_core.cli train CONFIG`` with the same config.
 """
 
 from __future__ import annotations
 
 from propel_core.execution import solver_labels
+from propel_core.reward import reward_reads
 from propel_core.run import Run
 from propel_core.training import prepare_folder, train_generator
 
@@ -23,6 +27,6 @@ def train(run: Run) -> None:
     folder = run.dir / "train"
     resume = config.train.resume
     checkpoint = prepare_folder(folder, resume)  # starting over: the old checkpoints go before the claim
-    run.claim("train", exists=checkpoint is not None)
+    run.claim("train", checkpoint is not None, *reward_reads(run, config.reward))  # rule, options, bundles
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
     train_generator(run, folder, config.generator, config.train, config.reward, config.seed, solve, resume)

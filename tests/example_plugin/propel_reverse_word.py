@@ -5,9 +5,7 @@ docs/writing_plugins.md builds this package step by step.
 
 import re
 
-from propel_core import hookimpl
-from propel_core.domain import Domain, ParseError, Verdict
-from propel_core.records import Context, Validity
+from propel_core import Context, Domain, ParseError, Validity, Verdict, hookimpl
 
 
 @hookimpl
@@ -18,6 +16,9 @@ def register_domains(register):
 @hookimpl
 def register_validity_predicates(register):
     register("word_length", word_length)
+
+
+EXAMPLES = ("garden", "planet", "silver", "window")
 
 
 class ReverseWord(Domain):
@@ -31,15 +32,18 @@ class ReverseWord(Domain):
 
     def generator_prompt(self, context):
         letter = context.data["letter"]
+        examples = "\n".join(f"Word: {word}" for word in EXAMPLES if word[0] != letter)
         return [
             {
                 "role": "user",
-                "content": f"Write one English word that starts with '{letter}'. Reply with the word only.",
-            }
+                "content": f"Write one English word of {self.min_letters} to {self.max_letters} letters "
+                f"that starts with '{letter}'. Examples:\n{examples}\nReply in the same format.",
+            },
+            {"role": "assistant", "content": "Word:"},  # a prefill: the model goes on from here
         ]
 
     def parse(self, generation):
-        match = re.search(r"[A-Za-z]+", generation)
+        match = re.search(r"[A-Za-z]+", generation.removeprefix("Word:"))
         if match is None:
             raise ParseError("no word in the generation")
         return {"word": match.group(0).lower()}

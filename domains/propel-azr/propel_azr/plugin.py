@@ -12,7 +12,7 @@ import re
 import string
 from functools import cached_property
 from importlib.resources import files
-from typing import Any
+from typing import Any, ClassVar
 
 from propel_azr.topics import topic_of
 from propel_core import hookimpl
@@ -126,6 +126,7 @@ class AZR(Domain):
     """Function induction over small pure Python functions."""
 
     validity_predicates = ("azr_static", "azr_execution")
+    component_options: ClassVar[dict[str, tuple[str, str]]] = {"sandbox_options": ("sandboxes", "sandbox")}
 
     def __init__(
         self,

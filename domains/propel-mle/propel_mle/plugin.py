@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from propel_core import hookimpl
 from propel_core.domain import Domain, Messages, ParseError, Verdict, make_task
@@ -156,6 +156,7 @@ class MLE(Domain):
     """
 
     validity_predicates = ("mle_well_formed", "mle_achievable")
+    component_options: ClassVar[dict[str, tuple[str, str]]] = {"sandbox_options": ("sandboxes", "sandbox")}
     #: reached by solutions, not by task texts: the grader's verdict lists them (``diagnostics["markers"]``)
     workflow_markers = MARKERS
 

@@ -18,7 +18,7 @@ import os
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from propel_core.domain import Domain, Messages, ParseError, Reply, Verdict
 from propel_core.embedded import cache_dir
@@ -49,6 +49,7 @@ RESET_HISTORY = (
 class SWE(Domain):
     multi_turn = True
     validity_predicates = ("swe_bug",)
+    component_options: ClassVar[dict[str, tuple[str, str]]] = {"sandbox_options": ("sandboxes", "sandbox")}
 
     def __init__(
         self,
