@@ -131,7 +131,7 @@ def main() -> None:
 
 
 def write_tasks(folder: Path, domain, expressions: list[str]) -> None:
-    predicates = {name: domain.registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    predicates = domain.registry.validity_predicates(domain)
     with JsonlWriter(folder / "tasks.jsonl") as out:
         for i, expression in enumerate(expressions):
             context = domain.contexts()[i // 2]

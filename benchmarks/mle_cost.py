@@ -1,7 +1,7 @@
 """Seconds per rollout of the MLE domain's two scorers on the same rollouts: the verifier (a sandboxed
 execution of the script, then scoring its submission against the held-out labels) vs the reward
 model (a calibrated Bradley-Terry ranker on the embedded reference model's features, as RM-GRPO's
-model steps score), seed 002's motivation for RM-GRPO (there: 2.7 s -> 64 s of execution per rollout
+model steps score), the ML-engineering RL study's motivation for RM-GRPO (there: 2.7 s -> 64 s of execution per rollout
 as validity rose).
 
 The rollouts are scripts of the kinds a policy writes on its way to validity, each on three shipped

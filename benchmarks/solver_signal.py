@@ -73,7 +73,7 @@ def main() -> None:
         }
         run = Run(validate_config(config, registry), registry, quiet=True)
         domain = run.domain()
-        predicates = {n: run.component("validity_predicates", n) for n in domain.validity_predicates}
+        predicates = run.registry.validity_predicates(domain)
         tasks = [
             make_task(f"e{i:03d}", domain, context, f"Compute: {example}", "domain examples", predicates)
             for i, (context, example) in enumerate((c, e) for c in domain.contexts() for e in c.data["examples"])

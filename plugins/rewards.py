@@ -97,11 +97,12 @@ def partial_instrumentation(
     partial_step: float = 0.1,
     valid_score: Literal["verifier_score", "logit", "probability", "solver_utility"] = "verifier_score",
 ) -> Rule:
-    """Seed 002's partial-credit reward, with its own options (``reward.options.partial_instrumentation``):
-    a valid task with a finite ``valid_score`` (the domain's ``verifier_score``, or the probe's
-    ``logit`` or ``probability``, or live ``solver_utility``) earns that score; any other generation
-    earns ``partial_base + partial_step * (workflow markers it reached)``, so a policy that writes no
-    valid task yet still sees which generations got further."""
+    """The ML-engineering RL study's partial-credit reward, with its own options
+    (``reward.options.partial_instrumentation``): a valid task with a finite ``valid_score`` (the
+    domain's ``verifier_score``, or the probe's ``logit`` or ``probability``, or live
+    ``solver_utility``) earns that score; any other generation earns ``partial_base + partial_step *
+    (workflow markers it reached)``, so a policy that writes no valid task yet still sees which
+    generations got further."""
 
     def rule(task: Task, scores: Mapping[str, object]) -> float:
         value = scores.get(valid_score)

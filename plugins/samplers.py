@@ -1,5 +1,6 @@
-"""Context samplers: ``uniform`` (every context equally likely) and ``progress`` (seed 001, sections
-3.2-3.3: buckets scored by learning progress and reward variance, mixed with a coverage prior)."""
+"""Context samplers: ``uniform`` (every context equally likely) and ``progress`` (the progress-aware
+sampling study, sections 3.2-3.3: buckets scored by learning progress and reward variance, mixed
+with a coverage prior)."""
 
 from __future__ import annotations
 

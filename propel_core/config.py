@@ -287,7 +287,9 @@ class RankConfig(Section):
     weight_decay: float = Field(1e-4, ge=0)
     batch_size: int = Field(64, gt=0)
     refresh: bool = Field(False, description="refresh the saved ranker on the trained policy's verified tasks")
-    lora: bool = Field(False, description="train a LoRA on the reference jointly with the head (seed 002's refresh)")
+    lora: bool = Field(
+        False, description="train a LoRA on the reference jointly with the head (the ML-engineering RL study's refresh)"
+    )
     lora_r: int = Field(8, gt=0)
     lora_alpha: int = Field(16, gt=0)
     lora_lr: float = Field(1e-5, gt=0)
@@ -302,10 +304,10 @@ class SolveTrainConfig(Section):
     held_out: str = Field("tasks.jsonl", description="held-out tasks: its first held_out_tasks valid ones")
     held_out_tasks: int = Field(64, gt=0)
     algorithm: Literal["rloo", "grpo"] = "rloo"
-    steps: int = Field(100, gt=0, description="seed 001: 100 steps")
-    group_size: int = Field(8, gt=1, description="seed 001: 8")
+    steps: int = Field(100, gt=0, description="the progress-aware sampling study: 100 steps")
+    group_size: int = Field(8, gt=1, description="the progress-aware sampling study: 8")
     per_device_batch: int = Field(8, gt=0)
-    lr: float = Field(1e-5, gt=0, description="seed 001: 1e-5")
+    lr: float = Field(1e-5, gt=0, description="the progress-aware sampling study: 1e-5")
     beta: float = Field(0.0, ge=0)
     temperature: float = Field(1.0, gt=0)
     max_completion_length: int = Field(512, gt=0)
@@ -340,11 +342,15 @@ class SolveTrainConfig(Section):
 
 class SelfTrainConfig(Section):
     tasks: str = Field("tasks.jsonl", description="the tasks to sample on (valid ones)")
-    k: int = Field(32, gt=0, description="solver attempts per task (seed 001: 32)")
+    k: int = Field(32, gt=0, description="solver attempts per task (the progress-aware sampling study: 32)")
     max_chars: int = Field(2000, gt=0, description="the length cap")
-    per_task_cap: int = Field(2, gt=0, description="attempts kept per task, shortest first (seed 001: 2, clean: 1)")
+    per_task_cap: int = Field(
+        2, gt=0, description="attempts kept per task, shortest first (the progress-aware sampling study: 2, clean: 1)"
+    )
     mix_path: str | None = Field(None, description="original prompt/completion JSONL to mix in")
-    mix_share: float = Field(0.3, ge=0, lt=1, description="share of original rows in the mix (seed 001: 0.3)")
+    mix_share: float = Field(
+        0.3, ge=0, lt=1, description="share of original rows in the mix (the progress-aware sampling study: 0.3)"
+    )
     steps: int = Field(100, gt=0)
     lr: float = Field(1e-5, gt=0)
     batch_size: int = Field(8, gt=0)

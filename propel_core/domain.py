@@ -31,9 +31,9 @@ class ParseError(ValueError):
 class Verdict:
     """The grade of one solver attempt: solved, not solved, or ungradable (``solved is None``).
 
-    A domain whose attempts earn partial credit (seed 002) puts in ``diagnostics`` the ``markers`` the
-    attempt reached (names from ``workflow_markers``) and its ``verifier_score`` (None when its output
-    is invalid); ``solve-train``'s reward rules read those two.
+    A domain whose attempts earn partial credit (the ML-engineering RL study) puts in ``diagnostics``
+    the ``markers`` the attempt reached (names from ``workflow_markers``) and its ``verifier_score``
+    (None when its output is invalid); ``solve-train``'s reward rules read those two.
     """
 
     solved: bool | None = field(metadata={"doc": "True, False, or None when the attempt cannot be graded"})
@@ -58,7 +58,7 @@ class Domain(ABC):
     registry: Registry | None = None
     #: names of registered validity predicates applied after parsing, in order
     validity_predicates: Sequence[str] = ()
-    #: workflow markers a generation can reach, for partial-credit rewards (seed 002)
+    #: workflow markers a generation can reach, for partial-credit rewards (the ML-engineering RL study)
     workflow_markers: Sequence[str] = ()
     #: an agent domain: the generator and the solver act over many turns in an environment
     #: (``episode``, ``solver_episode``) instead of answering one prompt
@@ -133,8 +133,15 @@ class Domain(ABC):
         that reached no marker). By default every attempt looks valid."""
         return True
 
+    def clean_checks(self, attempt: SolverAttempt) -> list[tuple[str, bool]]:
+        """Self-training's clean-up of a verified attempt (the progress-aware sampling study, section
+        3.4), in order: each check's name and whether ``attempt`` passes it (one answer, no repeated
+        tags, ...), read from what the domain's grader knows. By default none: every verified attempt
+        within ``self_train.max_chars`` is kept."""
+        return []
+
     def verifier_score(self, payload: dict[str, Any]) -> float | None:
-        """A valid task's own verifier score (seed 002: the held-out metric of a submission); None
+        """A valid task's own verifier score (the ML-engineering RL study: the held-out metric of a submission); None
         when the domain has none."""
         return None
 

@@ -28,7 +28,9 @@ the protocols in ``propel_core.contracts``.
 ``click.Group``, registers no component, and is called once when the command line starts, not when
 the registry is built.
 
-Specs only ever grow new arguments; an implementation may accept fewer arguments than its spec
+The contribution hooks' one argument will stay what it is: the core hands ``register`` to every
+argument the implementation names, whatever it calls it. ``register_commands`` is called through
+pluggy, whose specs only ever grow new arguments; an implementation may accept fewer than its spec
 (pluggy drops the rest), so old plugins keep working.
 
 Heavy libraries (torch, transformers, trl) must be imported inside the component, never at module
@@ -276,8 +278,8 @@ def register_reward_rules(register):
 
     Built in: ``hard``, ``soft``, ``probe_only``, ``wco``, ``adversarial``, ``solver_in_the_loop``
     (the paper's SIL baseline: ``needs = {"solver_utility"}``) and ``partial_instrumentation``
-    (seed 002: ``needs = {"markers", valid_score}``, its options ``partial_base``, ``partial_step`` and
-    ``valid_score``); see [docs/config.md](config.md).
+    (the ML-engineering RL study: ``needs = {"markers", valid_score}``, its options ``partial_base``,
+    ``partial_step`` and ``valid_score``); see [docs/config.md](config.md).
     """
 
 
@@ -307,7 +309,7 @@ def register_context_samplers(register):
         register("first_only", FirstOnly)  # FirstOnly(contexts, seed)
     ```
 
-    Built in: ``uniform`` and ``progress`` (seed 001; see [docs/config.md](config.md)).
+    Built in: ``uniform`` and ``progress`` (the progress-aware sampling study; see [docs/config.md](config.md)).
     """
 
 

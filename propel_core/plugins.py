@@ -210,14 +210,15 @@ class Registry:
         message = unknown_message(KINDS[kind][1], name, self.names(kind))
         return "; ".join([message, *(plugin.line() for plugin in self.broken)])
 
-    def check_options(self, kind: str, name: str, options: dict[str, Any]) -> list[str]:
+    def check_options(self, kind: str, name: str, options: dict[str, Any], within: tuple[str, ...] = ()) -> list[str]:
         """What is wrong with calling component ``name`` of ``kind`` with ``options``, read from its
         factory's signature before anything runs: a factory propel cannot call the way it calls that
         kind, an option it does not take (with the ones it does, and the closest), one it needs and is
         not given, a value pydantic cannot read as its parameter's annotation. A value pydantic reads is
-        put back as read (``"false"`` for a ``bool`` is False, not a true string). Options that hold
-        another component's options (the factory's ``component_options``: ``{"sandbox_options":
-        ("sandboxes", "sandbox")}``) are checked against that component in turn."""
+        put back as read where it is a plain scalar (``"false"`` for a ``bool`` is False, not a true
+        string); a container stays as written. Options that hold another component's options (the
+        factory's ``component_options``: ``{"sandbox_options": ("sandboxes", "sandbox")}``) are checked
+        against that component in turn (``within``: the components on the way, so a cycle ends)."""
         factory = self.get(kind, name)
         label = f"{KINDS[kind][1]} {name!r}"
         try:
@@ -247,13 +248,24 @@ class Registry:
         for held, (inner_kind, naming) in getattr(factory, "component_options", {}).items():
             inner = options.get(naming, named[naming].default if naming in named else None)
             held_options = options.get(held) or {}
-            if isinstance(held_options, dict) and isinstance(inner, str):
+            if inner_kind not in CALLS:
+                problems.append(
+                    f"{label} declares component_options {held!r} of kind {inner_kind!r}, which takes no options "
+                    f"from the config; kinds that do: {', '.join(sorted(CALLS))}"
+                )
+            elif f"{inner_kind}/{inner}" in (*within, f"{kind}/{name}"):
+                problems.append(f"{label} option {held!r} names {inner!r}, whose options hold its own (a cycle)")
+            elif isinstance(held_options, dict) and isinstance(inner, str):
                 if inner not in self.names(inner_kind):
                     found = [self.unknown(inner_kind, inner)]
                 else:
-                    found = self.check_options(inner_kind, inner, held_options)
+                    found = self.check_options(inner_kind, inner, held_options, (*within, f"{kind}/{name}"))
                 problems += [f"{label} option {held!r}: {problem}" for problem in found]
         return problems
+
+    def validity_predicates(self, domain: Any) -> dict[str, Callable[..., Any]]:
+        """The validity predicates ``domain`` names (``Domain.validity_predicates``), by name, in its order."""
+        return {name: self.get("validity_predicates", name) for name in domain.validity_predicates}
 
     def context_sampler(self, name: str, contexts: list[Any], seed: int, **options: Any) -> ContextSampler:
         """The context sampler ``name`` over ``contexts``, seeded."""
@@ -361,7 +373,9 @@ def _resolved(factory: Any, annotation: Any) -> Any:
 
 def _read_as(annotation: Any, value: Any) -> tuple[str | None, Any]:
     """``value`` read as its annotation by pydantic (lax: 1 is a float, ``"false"`` a bool): the problem
-    (None when it reads) and the value as read; a value whose annotation pydantic cannot read is kept."""
+    (None when it reads) and the value to pass: a scalar as read, anything else as written (pydantic
+    reads an ``Iterable`` as a one-shot iterator and a ``set`` in no fixed order); a value whose
+    annotation pydantic cannot read is kept."""
     from pydantic import TypeAdapter, ValidationError
 
     try:
@@ -369,9 +383,10 @@ def _read_as(annotation: Any, value: Any) -> tuple[str | None, Any]:
     except Exception:
         return None, value
     try:
-        return None, adapter.validate_python(value)
+        read = adapter.validate_python(value)
     except ValidationError as exc:
         return exc.errors()[0]["msg"], value
+    return None, read if isinstance(read, bool | int | float | str) else value  # a container stays as written
 
 
 def _plugin_versions() -> dict[str, str | None]:

@@ -42,10 +42,10 @@ DEPENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "coevolve": (
         ("seed", "domain", "train", *REWARD, "generator", "generate.context_sampler", "generate.sampler_options"),
         ("probes",),
-    ),
-    "eval": (
+    ),  # and the reward it trains with (rule: coevolve.mode), which the stage passes as values
+    "eval": (  # each arm (eval/ARM) also records its adapter's content, whichever training made it
         ("seed", "domain", "generator", "solver", "evaluate", "label.band_low", "label.band_high", *EVAL_MORE),
-        ("train",),
+        (),
     ),
     "solve": (
         ("seed", "domain", "solver", "solve_train", "train.lora_r", "train.lora_alpha", "train.lora_target_modules"),

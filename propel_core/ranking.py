@@ -1,4 +1,4 @@
-"""A Bradley-Terry reward model: the second kind of amortized scorer beside the probe (seed 002).
+"""A Bradley-Terry reward model: the second kind of amortized scorer beside the probe (the ML-engineering RL study).
 
 A head on reference features gives each item (a task, or a solver attempt at one) a scalar score s;
 it is trained on pairs (i, j) whose verifier scores order i above j, with the loss

@@ -1,7 +1,7 @@
-"""Replay (seed 002): earlier high-reward generations put back into later training groups.
+"""Replay (the ML-engineering RL study): earlier high-reward generations put back into later training groups.
 
 Generations are admitted per prompt when their reward clears ``min_reward``, with the comparison
-spelled out (``>`` or ``>=``): seed 002 found that this one character decides whether
+spelled out (``>`` or ``>=``): the ML-engineering RL study found that this one character decides whether
 exact-baseline generations (reward 0.5 there) get replayed. Selection per prompt: ``round_robin``
 (admitted generations in turn), ``top_k`` (the best first), ``stable_uniform`` (uniform, seeded) or
 ``previous_step`` (only what the prompt's most recent admitting step gave).

@@ -118,8 +118,7 @@ class RewardScorer(FeedsBack):
         self.__name__ = rule_name  # TRL names the reward's metrics after it: rewards/<rule>/mean
         if domain.registry is None:
             raise PropelError("the reward scorer needs a domain built by a registry (Registry.domain)")
-        predicates = domain.registry.get
-        self.predicates = {name: predicates("validity_predicates", name) for name in domain.validity_predicates}
+        self.predicates = domain.registry.validity_predicates(domain)
         self.contexts = {context.id: context for context in domain.contexts()}
         if reads_probe(rule) and not self.probes:
             raise PropelError("the reward rule reads probe scores, but no probe bundle was given")
@@ -301,12 +300,12 @@ def reward_scorer(
 
 
 class SolverRewards(FeedsBack):
-    """The reward of a solver's rollouts in ``solve-train``, and RM-GRPO's schedule (seed 002).
+    """The reward of a solver's rollouts in ``solve-train``, and RM-GRPO's schedule (the ML-engineering RL study).
 
     Steps come in cycles of ``verifier_steps`` verifier-scored steps, then ``model_steps`` steps
     scored by ``reward_model`` (a calibrated ranker bundle). On a verifier step every rollout is
     graded by the domain through ``grade`` (the run's executor); it earns ``rule`` of its verdict's
-    ``markers`` and ``verifier_score`` (seed 002's partial instrumentation), or without a rule 1
+    ``markers`` and ``verifier_score`` (the ML-engineering RL study's partial instrumentation), or without a rule 1
     when solved, else 0. On a model step a rollout the domain says ``looks_valid`` earns the reward
     model's calibrated score of task and rollout; the others earn the rule's reward for a run that
     reached no marker (nothing ran). Every rollout's reward source is written to

@@ -2,9 +2,10 @@
 progress bar and the channel for what it tells the user.
 
 Stages read ``run.config``; the library they call (execution, training, probes, evaluation, ...) takes
-a ``Run`` only for these services and gets every setting as an argument, so a caller that needs
-another value (evaluation's seed and K, co-evolution's reward rule) passes it instead of forging a
-config. Plugin commands build their run with :func:`start_run`, as the CLI's verbs do.
+a ``Run`` only for these services and gets every setting as an argument (a value or a config
+section), so a caller that needs another value (evaluation's seed and K, co-evolution's reward rule)
+passes a section copied with that value changed, never a modified whole config. Plugin commands
+build their run with :func:`start_run`, as the CLI's verbs do.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ from typing import Any
 
 from propel_core.errors import PropelError
 
-TRACKERS = ("tensorboard", "wandb", "trackio")
 #: the project wandb and trackio log to
 PROJECT = "propel"
 #: the pip package each tracker needs

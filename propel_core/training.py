@@ -45,7 +45,6 @@ def train_generator(
     trainer; ``solve`` labels tasks with live solver runs, for a rule that needs ``solver_utility``. With
     ``resume``, training goes on from the folder's last checkpoint (the policy's adapter, optimizer,
     schedule and random state; the reward log keeps the steps before it), else starts over."""
-    import torch
     from trl import GRPOConfig, GRPOTrainer
 
     domain = run.domain()
@@ -77,13 +76,17 @@ def train_generator(
     dataset = sampled_prompts(
         sampler, domain.generator_prompt, tokenizer, generator.chat_template, path, contexts_by_prompt
     )
-    arguments = GRPOConfig(
-        output_dir=str(folder),
-        max_steps=train_config.steps,
-        learning_rate=train_config.lr,
+    arguments = trainer_arguments(
+        GRPOConfig,
+        run,
+        folder,
+        run.dir.name,
+        steps=train_config.steps,
+        lr=train_config.lr,
+        batch=train_config.per_device_batch,
+        seed=seed,
         beta=train_config.beta,
         num_generations=train_config.group_size,
-        per_device_train_batch_size=train_config.per_device_batch,
         gradient_accumulation_steps=train_config.gradient_accumulation,
         temperature=train_config.temperature,
         top_p=train_config.top_p,
@@ -95,15 +98,10 @@ def train_generator(
         epsilon=train_config.epsilon_low,
         epsilon_high=train_config.epsilon_high,
         save_steps=train_config.checkpoint_every,
-        logging_steps=1,
-        **run.tracker.trainer_arguments(run.dir.name),
         use_vllm=train_config.use_vllm,
         vllm_mode=train_config.vllm_mode,
         vllm_server_base_url=train_config.vllm_server_base_url,
-        use_cpu=not torch.cuda.is_available(),
-        seed=seed,
         shuffle_dataset=False,  # a shuffle buffer would draw a thousand prompts ahead of the rewards
-        disable_tqdm=run.quiet,
     )
     multi_turn = {"rollout_func": EpisodeRollouts(domain, tokenizer, contexts_by_prompt, train_config, seed)}
     reward_funcs = [scorer]
@@ -134,6 +132,29 @@ def train_generator(
     run.say(
         f"trained {train_config.steps} steps; reward mean first {rewards[0]['reward_mean']:.3f}, "
         f"last {rewards[-1]['reward_mean']:.3f}; adapter in {folder / 'adapter'}"
+    )
+
+
+def trainer_arguments(
+    config_class: type, run: Run, folder: Path, name: str, *, steps: int, lr: float, batch: int, seed: int, **own
+):
+    """The TRL config (``config_class``: GRPOConfig, RLOOConfig, SFTConfig) of every propel training:
+    what they all set alike (``folder`` for checkpoints, ``steps``, ``lr``, ``batch`` per device,
+    ``seed``, a log line every step, the run's trackers under ``name``, the CPU where there is no
+    GPU, no bars with ``-q``), then the trainer's ``own`` settings."""
+    import torch
+
+    return config_class(
+        output_dir=str(folder),
+        max_steps=steps,
+        learning_rate=lr,
+        per_device_train_batch_size=batch,
+        logging_steps=1,
+        **run.tracker.trainer_arguments(name),
+        use_cpu=not torch.cuda.is_available(),
+        seed=seed,
+        disable_tqdm=run.quiet,
+        **own,
     )
 
 

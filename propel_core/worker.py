@@ -130,7 +130,7 @@ class Worker:
                 validity=Validity.reject(f"episode failed: {_error(exc)}"),
                 generator=self.model.model_id,
             )
-        predicates = {name: self.registry.get("validity_predicates", name) for name in domain.validity_predicates}
+        predicates = self.registry.validity_predicates(domain)
         return make_task(job.task_id, domain, job.context, generation, self.model.model_id, predicates)
 
 

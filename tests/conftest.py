@@ -78,7 +78,7 @@ def planted_run():
     def write(folder: Path) -> Path:
         registry = Registry.build()
         domain = registry.domain("countdown")
-        predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+        predicates = registry.validity_predicates(domain)
         puzzles = [example for context in domain.contexts() for example in context.data["examples"]]
         median = statistics.median(p["target"] for p in puzzles)
         with JsonlWriter(folder / "tasks.jsonl") as tasks, JsonlWriter(folder / "labels.jsonl") as labels:

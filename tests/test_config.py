@@ -207,3 +207,36 @@ def test_a_factory_propel_cannot_call_is_named(propel_registry):
         )
     finally:
         del propel_registry.components["context_samplers"]["odd"], propel_registry.components["reward_rules"]["odd"]
+
+
+def test_only_a_scalar_is_put_back_as_read_and_a_plugins_mistakes_are_lines(propel_registry):
+    """A container option reaches the factory as written (pydantic reads an Iterable as a one-shot
+    iterator, a set in no fixed order); a component_options entry of a kind without options, or one
+    that holds its own options, is a problem line, not an exception."""
+    from collections.abc import Iterable
+
+    from propel_core.plugins import Component
+
+    def made(sizes: Iterable[int] = (), tags: set[str] = frozenset(), flag: bool = True, inner: str = "looped"):
+        raise AssertionError("never called")
+
+    def looped(inner: str = "looped", inner_options: dict | None = None):
+        raise AssertionError("never called")
+
+    looped.component_options = {"inner_options": ("domains", "inner")}
+    made.component_options = {"tags": ("poolers", "inner")}
+    propel_registry.components["domains"]["made"] = Component("domains", "made", made, "test")
+    propel_registry.components["domains"]["looped"] = Component("domains", "looped", looped, "test")
+    try:
+        options = {"sizes": [1, 2, 3], "tags": ["b", "a"], "flag": "false"}
+        problems = propel_registry.check_options("domains", "made", options)
+        assert options == {"sizes": [1, 2, 3], "tags": ["b", "a"], "flag": False}
+        assert problems == [
+            "domain 'made' declares component_options 'tags' of kind 'poolers', which takes no options from the "
+            "config; kinds that do: context_samplers, domains, executors, model_backends, reward_rules, sandboxes"
+        ]
+        assert propel_registry.check_options("domains", "looped", {"inner_options": {}}) == [
+            "domain 'looped' option 'inner_options' names 'looped', whose options hold its own (a cycle)"
+        ]
+    finally:
+        del propel_registry.components["domains"]["made"], propel_registry.components["domains"]["looped"]

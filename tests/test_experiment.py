@@ -42,7 +42,7 @@ def _run(registry, folder, seed: int = 0, **sections) -> Run:
 
 def _tasks(run: Run, generations: list[str]) -> list[Task]:
     domain = run.domain()
-    predicates = {name: run.component("validity_predicates", name) for name in domain.validity_predicates}
+    predicates = run.registry.validity_predicates(domain)
     contexts = domain.contexts()
     return [
         make_task(task_id(i), domain, contexts[i], f"Compute: {text}", "m", predicates)

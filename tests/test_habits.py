@@ -30,7 +30,7 @@ def labeled_run(folder: Path, *overrides: str):
     run = start_run([config], list(overrides), quiet=True)
     if not (folder / "tasks.jsonl").exists():
         domain = run.domain()
-        predicates = {name: run.component("validity_predicates", name) for name in domain.validity_predicates}
+        predicates = run.registry.validity_predicates(domain)
         contexts = domain.contexts()
         with JsonlWriter(folder / "tasks.jsonl") as out:
             for i, text in enumerate(WRITES):
@@ -382,3 +382,26 @@ def test_a_refusals_file_of_another_shape_is_read_as_none(tmp_path):
     assert refusals(tmp_path) == {"probe": {"reason": "all labels outside the band", "blocks": ["train", "evaluate"]}}
     record_refusal(tmp_path, "probe", None)
     assert refusals(tmp_path) == {}
+
+
+def test_a_finished_adapter_without_checkpoints_is_not_retrained_under_another_rule(tmp_path, propel_cli):
+    """Checkpoints removed to free the disk leave the adapter: a rerun with another rule still refuses,
+    and the adapter is still there after the refusal (the claim comes before anything is removed). An
+    evaluation's base arm does not depend on what was trained."""
+    from propel_core.config import validate_config
+    from propel_core.provenance import claim
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"run_dir: {tmp_path}\ndomain: {{name: countdown}}\n")
+    config = validate_config({"run_dir": str(tmp_path), "domain": {"name": "countdown"}}).model_dump(mode="json")
+    claim(tmp_path, "train", config, False, False, ("reward.options.hard",), {"reward.bundles": [None]})
+    (tmp_path / "train" / "adapter").mkdir(parents=True)
+    (tmp_path / "train" / "adapter" / "adapter_model.safetensors").write_bytes(b"weights")
+    refused = propel_cli("-q", "train", str(cfg), "reward.rule=soft", check=False)
+    assert refused.returncode == 1 and 'reward.rule: "hard" -> "soft"' in refused.stderr
+    assert (tmp_path / "train" / "adapter" / "adapter_model.safetensors").read_bytes() == b"weights"
+
+    claim(tmp_path, "eval/base", config, False, False, values={"adapter": None})
+    other = validate_config({"run_dir": str(tmp_path), "domain": {"name": "countdown"}, "reward": {"rule": "soft"}})
+    claim(tmp_path, "train", other.model_dump(mode="json"), False, False, ("reward.options.soft",))
+    claim(tmp_path, "eval/base", other.model_dump(mode="json"), True, False, values={"adapter": None})

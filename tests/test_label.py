@@ -34,7 +34,7 @@ def write_run(tmp_path: Path) -> Path:
     """A run folder whose tasks.jsonl holds six valid countdown tasks and one invalid one."""
     registry = Registry.build()
     domain = registry.domain("countdown")
-    predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    predicates = registry.validity_predicates(domain)
     with JsonlWriter(tmp_path / "tasks.jsonl") as out:
         for i, text in enumerate([*PUZZLES, "Target: 99\nNumbers: 1, 1, 1"]):
             out.write(make_task(f"t{i}", domain, domain.contexts()[0], text, "hand", predicates))

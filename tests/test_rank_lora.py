@@ -1,4 +1,4 @@
-"""The ranker on solver attempts (seed 002): pairs within a task, a LoRA refresh on the reference that
+"""The ranker on solver attempts (the ML-engineering RL study): pairs within a task, a LoRA refresh on the reference that
 moves held-out pair accuracy on planted pairs, and the calibrated score of the saved bundle, all on
 the embedded model and real run files."""
 

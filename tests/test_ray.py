@@ -28,7 +28,7 @@ def azr_tasks():
     if registry.get("sandboxes", "local")().missing_layers():
         pytest.skip("the AZR domain needs the local sandbox (bubblewrap, root)")
     domain = registry.domain("azr", **AZR["options"])
-    predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    predicates = registry.validity_predicates(domain)
     tasks = []
     for i, context in enumerate(domain.contexts()[:4]):
         inputs = "\n".join(json.dumps(args) for args in context.data["inputs"])

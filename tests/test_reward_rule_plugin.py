@@ -50,6 +50,8 @@ def test_the_rules_options_are_checked_when_the_config_is_read(example_reward_pl
 
 @pytest.mark.slow
 def test_the_rule_that_trained_an_adapter_is_enforced_and_shown(example_reward_plugin, propel_cli, tmp_path):
+    from propel_reverse_word import ReverseWord
+
     cfg = config_file(tmp_path)
     propel_cli("-q", "train", cfg)
     folder = tmp_path / "train"
@@ -67,7 +69,7 @@ def test_the_rule_that_trained_an_adapter_is_enforced_and_shown(example_reward_p
         if completion["overflow"]:  # cut off at 8 tokens: overflow_reward, whatever the rule says
             assert completion["reward"] == 0.0
         elif completion["valid"]:
-            word = completion["generation"].strip().split()[0].strip(".,!").lower()
+            word = ReverseWord().parse(completion["generation"])["word"]  # as the domain read it
             assert completion["reward"] == pytest.approx(0.5 * len(word))
         else:
             assert completion["reward"] == -0.2
@@ -77,7 +79,7 @@ def test_the_rule_that_trained_an_adapter_is_enforced_and_shown(example_reward_p
     # on the finished training, another option or another rule is refused with one line, not "nothing to train"
     option = propel_cli("-q", "train", cfg, "reward.options.length_bonus.per_letter=2", check=False)
     assert option.returncode == 1 and "nothing to train" not in option.stderr
-    assert "train was made with other settings (reward.options.length_bonus.per_letter: 0.5 -> 2)" in option.stderr
+    assert "train was made with other settings (reward.options.length_bonus.per_letter: 0.5 -> 2.0)" in option.stderr
     rule = propel_cli("-q", "train", cfg, "reward.rule=soft", check=False)
     assert rule.returncode == 1 and 'reward.rule: "length_bonus" -> "soft"' in rule.stderr
     assert "reward.main_probe=" in rule.stderr  # the way to train it beside this run, on this run's probe

@@ -91,7 +91,7 @@ def test_partial_instrumentation_gives_invalid_tasks_credit_per_marker(rule):
     assert partial(task(False), {"markers": 3}) == pytest.approx(-10 + 0.3)
     assert partial(task(False), {"markers": 0}) == -10
     assert partial(task(True), {"markers": 5, "verifier_score": 0.62}) == 0.62
-    # a valid task without a finite score is treated like an invalid one (seed 002)
+    # a valid task without a finite score is treated like an invalid one (the ML-engineering RL study)
     assert partial(task(True), {"markers": 5, "verifier_score": math.nan}) == pytest.approx(-9.5)
     chosen = rule("partial_instrumentation", {"valid_score": "logit", "partial_base": -1.0, "partial_step": 0.5})
     assert chosen(task(True), {"markers": 1, "logit": 2.0}) == 2.0

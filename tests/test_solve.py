@@ -23,7 +23,7 @@ def solve_run(tmp_path_factory):
     registry = Registry.build()
     folder = tmp_path_factory.mktemp("solve-run")
     domain = registry.domain("arithmetic")
-    predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    predicates = registry.validity_predicates(domain)
 
     def write(path, expressions, with_labels):
         path.mkdir(parents=True, exist_ok=True)

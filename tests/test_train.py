@@ -133,6 +133,8 @@ def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run, tmp_p
             probed_run.domain(),
             probed_run.registry.reward_rule("hard", probed_run.config.reward),
             [],
+            rule_name="hard",
+            rule_options={},
             overflow_reward=0.0,
             max_completion_length=8,
             group_size=2,

@@ -64,7 +64,7 @@ def fragile_run(folder: Path) -> Path:
     """A run folder with the four puzzles as valid fragile_countdown tasks; returns its config."""
     registry = Registry.build(get_plugin_manager())
     domain = registry.domain("fragile_countdown")
-    predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    predicates = registry.validity_predicates(domain)
     with JsonlWriter(folder / "tasks.jsonl") as out:
         for i, text in enumerate(PUZZLES):
             task = make_task(f"t{i}", domain, domain.contexts()[0], text, "hand", predicates)
@@ -150,7 +150,7 @@ def test_the_report_says_why_a_stage_refused(propel_cli, tmp_path):
     and in the sections of the stages after it; a finished rerun clears it. No model runs."""
     registry = Registry.build()
     domain = registry.domain("countdown")
-    predicates = {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    predicates = registry.validity_predicates(domain)
     config = tmp_path / "run.yaml"
     config.write_text(f"run_dir: {tmp_path}\ndomain: {{name: countdown}}\nlabel: {{k: 2}}\n")
 

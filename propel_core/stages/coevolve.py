@@ -39,7 +39,9 @@ def coevolve(run: Run) -> None:
     reward = config.reward.model_copy(update={"rule": config.coevolve.mode, "probes": [str(p) for p in extra]})
     log.info("retraining with the %s rule: %s + %s", config.coevolve.mode, selected, ", ".join(map(str, extra)))
     prepare_folder(folder / "train", resume=False)  # retrained whole: the old adapter goes first
-    run.claim("coevolve", False, *reward_reads(run, reward))  # recorded, for what evaluates its adapter
+    keys, values = reward_reads(run, reward)
+    values |= {"reward.rule": reward.rule, "reward.probes": reward.probes}
+    run.claim("coevolve", False, (*keys, "coevolve"), values)  # recorded: the reward it trains with
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
     train_generator(run, folder / "train", config.generator, config.train, reward, config.seed, solve)
 

@@ -9,7 +9,7 @@ features are the reference activations at the selected probe's cell, or, without
 attempts, when they are all at one task), and only pairs within each side are used, so held-out
 metrics are on tasks the model never saw. With ``rank.refresh: true`` the saved ranker is refreshed
 on verified pairs from the trained policy (``eval/trained/``): metrics on that policy's held-out
-items are reported before and after, as seed 002 does for its on-policy LoRA calibration. With
+items are reported before and after, as the ML-engineering RL study does for its on-policy LoRA calibration. With
 ``rank.lora`` a LoRA on the reference trains jointly with the head, and the ranker reads the
 reference with it. Either way the ranker keeps a line from its logit to the verifier score.
 """
@@ -116,7 +116,8 @@ def rank(run: Run) -> None:
             raise PropelError("rank.lora trains the reference's weights: give the reference the transformers backend")
         if reference.adapter and not settings.refresh:
             raise PropelError(f"rank.lora trains a new adapter: the reference already carries {reference.adapter}")
-        backend = run.component("model_backends", reference.backend)(reference.with_adapter(None))  # its own copy
+        factory = run.component("model_backends", reference.backend)  # its own copy, not the shared one
+        backend = factory(reference.with_adapter(None), **reference.options)
         lora_settings = config.train.model_copy(update={"lora_r": settings.lora_r, "lora_alpha": settings.lora_alpha})
         lora = with_lora(backend.model, reference.adapter, lora_config(lora_settings), config.seed)
     else:

@@ -1,5 +1,6 @@
 """What the generated tasks are for: training a solver on them (``solve-train``) and verifier-filtered
-self-training (``self-train``, seed 001 section 3.4) -> ``RUN/solve/NAME/`` and ``RUN/self_train/``.
+self-training (``self-train``, the progress-aware sampling study, section 3.4) -> ``RUN/solve/NAME/``
+and ``RUN/self_train/``.
 
 ``solve-train`` RL-trains the solver with LoRA (TRL's RLOO or GRPO; reward 1 when the domain's grader
 says solved, or a reward rule of the verdict's markers and verifier score, with replay and RM-GRPO's
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from propel_core.backend import prefill, prompt_text
 from propel_core.config import ModelConfig
+from propel_core.domain import Domain
 from propel_core.errors import NotEnoughData, PropelError
 from propel_core.evaluation import paired_comparison, pass_at_k
 from propel_core.execution import graded_attempts, graded_texts
@@ -27,12 +29,14 @@ from propel_core.reward import SolverRewards, verified_corpus
 from propel_core.run import Run, log
 from propel_core.training import (
     keep_steps_before,
+    last_checkpoint,
     load_policy,
     lora_config,
     prepare_folder,
     sampled_prompts,
     step_of,
     train_and_save,
+    trainer_arguments,
 )
 
 PASS_AT = (1, 4, 8, 16)
@@ -71,15 +75,16 @@ def split_held_out(path: Path, training: list[Task], count: int) -> tuple[list[T
 
 def solve_train(run: Run) -> None:
     """RL-train the solver on a task set and evaluate it on held-out tasks -> solve/NAME/."""
-    import torch
     from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
     config, options = run.config, run.config.solve_train
     domain = run.domain()
     folder = run.dir / "solve" / options.name
-    checkpoint = prepare_folder(folder, config.train.resume)  # starting over: the old checkpoints go first
+    resume = config.train.resume
+    exists = resume and (last_checkpoint(folder) is not None or (folder / "adapter").exists())
     rule_keys = ("reward.r_bad", f"reward.options.{options.reward_rule}") if options.reward_rule else ()
-    run.claim(f"solve/{options.name}", checkpoint is not None, rule_keys)
+    run.claim(f"solve/{options.name}", exists, rule_keys)
+    checkpoint = prepare_folder(folder, resume)  # after the claim: a refusal removes nothing
     tasks = training_tasks(run, task_file(run, options.tasks), options.in_band_only)
     held_out, tasks = split_held_out(task_file(run, options.held_out), tasks, options.held_out_tasks)
     log.info("solver training on %d tasks, evaluation on %d held-out tasks", len(tasks), len(held_out))
@@ -116,23 +121,22 @@ def solve_train(run: Run) -> None:
     config_class, trainer_class = (
         (RLOOConfig, RLOOTrainer) if options.algorithm == "rloo" else (GRPOConfig, GRPOTrainer)
     )
-    arguments = config_class(
-        output_dir=str(folder),
-        max_steps=options.steps,
-        learning_rate=options.lr,
+    arguments = trainer_arguments(
+        config_class,
+        run,
+        folder,
+        f"{run.dir.name}-solve-{options.name}",
+        steps=options.steps,
+        lr=options.lr,
+        batch=batch,
+        seed=config.seed,
         beta=options.beta,
         num_generations=options.group_size,
-        per_device_train_batch_size=batch,
         gradient_accumulation_steps=1,
         temperature=options.temperature,
         max_completion_length=options.max_completion_length,
-        logging_steps=1,
         save_steps=config.train.checkpoint_every,
-        **run.tracker.trainer_arguments(f"{run.dir.name}-solve-{options.name}"),
-        use_cpu=not torch.cuda.is_available(),
-        seed=config.seed,
         shuffle_dataset=False,
-        disable_tqdm=run.quiet,
     )
     if buffer is not None:
         trainer_class = replaying(trainer_class, buffer, options.replay.slots)
@@ -206,7 +210,6 @@ def self_train(run: Run) -> None:
     """Sample K solver attempts per task, keep the verified and clean ones, fine-tune on them (SFT)."""
     import random
 
-    import torch
     from trl import SFTConfig, SFTTrainer
 
     config, options = run.config, run.config.self_train
@@ -214,21 +217,16 @@ def self_train(run: Run) -> None:
     folder = run.dir / "self_train"
     folder.mkdir(parents=True, exist_ok=True)
     tasks = training_tasks(run, task_file(run, options.tasks), in_band_only=False)
-    funnel = {
-        "sampled": 0,
-        "verified correct": 0,
-        "one answer": 0,
-        "within length": 0,
-        "no repeated tags": 0,
-        "after per-task cap": 0,
-    }
+    funnel = {"sampled": 0, "verified correct": 0, "within self_train.max_chars": 0}  # then the domain's checks
     kept: list[tuple[Task, str]] = []
     found = graded_attempts(run, tasks, options.k, config.solver, config.seed, description="self-train sampling")
     attempts = {task.id: graded for task, graded in found}
+    capped = 0
     for task in tasks:  # in task order, whatever order the attempts finished in
-        survivors = keep_clean(attempts[task.id], options, funnel)
+        survivors = keep_clean(domain, attempts[task.id], options.max_chars, funnel)
         kept += [(task, text) for text in sorted(survivors, key=len)[: options.per_task_cap]]
-        funnel["after per-task cap"] += min(len(survivors), options.per_task_cap)
+        capped += min(len(survivors), options.per_task_cap)
+    funnel["after per-task cap"] = capped
     if not kept:
         (folder / "filter_report.json").write_text(json.dumps({"funnel": funnel}, indent=2))
         raise NotEnoughData(f"no attempt survived the filters: {funnel}")
@@ -252,18 +250,17 @@ def self_train(run: Run) -> None:
     from datasets import Dataset
 
     random.Random(config.seed).shuffle(mixed)
-    arguments = SFTConfig(
-        output_dir=str(folder),
-        max_steps=options.steps,
-        learning_rate=options.lr,
-        per_device_train_batch_size=options.batch_size,
-        logging_steps=1,
-        save_strategy="no",
-        **run.tracker.trainer_arguments(f"{run.dir.name}-self-train"),
-        use_cpu=not torch.cuda.is_available(),
+    arguments = trainer_arguments(
+        SFTConfig,
+        run,
+        folder,
+        f"{run.dir.name}-self-train",
+        steps=options.steps,
+        lr=options.lr,
+        batch=options.batch_size,
         seed=config.seed,
+        save_strategy="no",
         completion_only_loss=True,
-        disable_tqdm=run.quiet,
     )
     trainer = SFTTrainer(
         model=model,
@@ -275,31 +272,31 @@ def self_train(run: Run) -> None:
     train_and_save(trainer, folder)
 
 
-def keep_clean(attempts: list[SolverAttempt], options, funnel: dict[str, int]) -> list[str]:
-    """The graded attempts that pass each filter in turn, counting what every filter keeps."""
+def keep_clean(domain: Domain, attempts: list[SolverAttempt], max_chars: int, funnel: dict[str, int]) -> list[str]:
+    """The graded attempts that pass each filter in turn (verified, within ``max_chars``, then the
+    domain's ``clean_checks``), counting in ``funnel`` what every filter keeps."""
     survivors = []
     for attempt in attempts:
-        text, flags = attempt.text, attempt.diagnostics
         funnel["sampled"] += 1
         if not attempt.solved:
             continue
         funnel["verified correct"] += 1
-        if flags.get("multiple_answers") or flags.get("missing_answer"):
+        if len(attempt.text) > max_chars:
             continue
-        funnel["one answer"] += 1
-        if len(text) > options.max_chars or flags.get("too_long"):
-            continue
-        funnel["within length"] += 1
-        if text.count("<think>") > 1 or text.count("<answer>") > 1:
-            continue
-        funnel["no repeated tags"] += 1
-        survivors.append(text)
+        funnel["within self_train.max_chars"] += 1
+        for name, passed in domain.clean_checks(attempt):
+            funnel.setdefault(name, 0)
+            if not passed:
+                break
+            funnel[name] += 1
+        else:
+            survivors.append(attempt.text)
     return survivors
 
 
 def mix(rows: list[dict], options, seed: int) -> list[dict]:
     """The self-generated rows plus original rows (``self_train.mix_path``, prompt/completion JSONL)
-    making up ``self_train.mix_share`` of the result (seed 001: 30% naive, 50% clean)."""
+    making up ``self_train.mix_share`` of the result (the progress-aware sampling study: 30% naive, 50% clean)."""
     import random
 
     if not options.mix_path:

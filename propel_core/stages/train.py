@@ -17,7 +17,7 @@ from __future__ import annotations
 from propel_core.execution import solver_labels
 from propel_core.reward import reward_reads
 from propel_core.run import Run
-from propel_core.training import prepare_folder, train_generator
+from propel_core.training import last_checkpoint, train_generator
 
 
 def train(run: Run) -> None:
@@ -26,7 +26,8 @@ def train(run: Run) -> None:
     config = run.config
     folder = run.dir / "train"
     resume = config.train.resume
-    checkpoint = prepare_folder(folder, resume)  # starting over: the old checkpoints go before the claim
-    run.claim("train", checkpoint is not None, *reward_reads(run, config.reward))  # rule, options, bundles
+    # what the folder holds counts before anything goes: a checkpoint, or a finished adapter (resuming)
+    exists = resume and (last_checkpoint(folder) is not None or (folder / "adapter").exists())
+    run.claim("train", exists, *reward_reads(run, config.reward))  # rule, options, bundles
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
     train_generator(run, folder, config.generator, config.train, config.reward, config.seed, solve, resume)

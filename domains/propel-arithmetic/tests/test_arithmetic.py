@@ -18,7 +18,7 @@ def domain(propel_registry):
 
 @pytest.fixture
 def predicates(propel_registry, domain):
-    return {name: propel_registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    return propel_registry.validity_predicates(domain)
 
 
 def test_shows_up_in_propel_plugins(propel_registry):
@@ -124,7 +124,7 @@ def shared():
 
     registry = Registry.build()
     domain = registry.domain("arithmetic", num_contexts=1)
-    return domain, {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    return domain, registry.validity_predicates(domain)
 
 
 @settings(max_examples=1500, deadline=None)

@@ -8,7 +8,7 @@ from typing import Any
 
 from propel_core import hookimpl
 from propel_core.domain import Domain, Messages, ParseError, Verdict
-from propel_core.records import Context, Task, Validity
+from propel_core.records import Context, SolverAttempt, Task, Validity
 from propel_countdown.arithmetic import ExpressionError, evaluate, solvable
 
 
@@ -117,6 +117,16 @@ class Countdown(Domain):
                 "content": task + "Think it through, then give only the final expression inside <answer> </answer> "
                 "tags, for example <answer>(3 + 5) * 2</answer>.",
             }
+        ]
+
+    def clean_checks(self, attempt: SolverAttempt) -> list[tuple[str, bool]]:
+        """One answer, within the domain's length, each tag once (the progress-aware sampling study's
+        clean filter)."""
+        flags, text = attempt.diagnostics, attempt.text
+        return [
+            ("one answer", not (flags.get("multiple_answers") or flags.get("missing_answer"))),
+            ("within max_attempt_chars", not flags.get("too_long")),
+            ("no repeated tags", text.count("<think>") <= 1 and text.count("<answer>") <= 1),
         ]
 
     def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:

@@ -31,7 +31,7 @@ def domain(propel_registry):
 
 @pytest.fixture
 def predicates(propel_registry, domain):
-    return {name: propel_registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    return propel_registry.validity_predicates(domain)
 
 
 def brute_force(numbers, target):
@@ -216,7 +216,7 @@ def shared():
     """One domain and its predicates for the fuzz tests (hypothesis reruns a test body many times)."""
     registry = Registry.build()
     domain = registry.domain("countdown", num_contexts=1)
-    return domain, {name: registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    return domain, registry.validity_predicates(domain)
 
 
 @settings(max_examples=2000, deadline=None)
@@ -266,3 +266,26 @@ def test_verdicts_are_the_same_graded_in_many_threads():
         for answer in answers
     ]
     assert_same_verdicts_concurrently(domain, attempts, threads=8)
+
+
+def test_self_trainings_clean_checks_read_the_graders_flags(propel_registry):
+    """A verified attempt with two answers, or a repeated tag, or over the domain's length fails the
+    named check; a clean one passes them all."""
+    from propel_core.domain import grade_attempt
+    from propel_core.records import Task, Validity
+
+    domain = propel_registry.domain("countdown", max_attempt_chars=80)
+    task = Task(
+        id="t", domain="countdown", context_id="c", generation="", generator="m",
+        payload={"numbers": [3, 5, 2], "target": 16}, validity=Validity.ok(),
+    )  # fmt: skip
+
+    def failed(text):
+        attempt = grade_attempt(domain, task, text)
+        assert attempt.solved, attempt.reason
+        return [name for name, passed in domain.clean_checks(attempt) if not passed]
+
+    assert failed("<answer>(3 + 5) * 2</answer>") == []
+    assert failed("<answer>(3 + 5) * 2</answer> or <answer>2 * (5 + 3)</answer>") == ["one answer", "no repeated tags"]
+    assert failed("<think>a</think><think>b</think><answer>(3 + 5) * 2</answer>") == ["no repeated tags"]
+    assert failed("<answer>(3 + 5) * 2</answer>" + " " * 80) == ["within max_attempt_chars"]

@@ -1,1 +1,1 @@
-"""Machine-learning engineering (seed 002) as a propel domain."""
+"""Machine-learning engineering (the ML-engineering RL study) as a propel domain."""

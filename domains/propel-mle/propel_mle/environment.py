@@ -19,7 +19,7 @@ finite score        the held-out metric of it is a finite number                
 
 The first five are recorded inside the solution's process, which the solution controls: it can
 append to the marker file itself. That forgery is bounded: it can lift an invalid rollout's reward
-by at most ``partial_step`` per in-process marker (0.5 with seed 002's 0.1), and every invalid
+by at most ``partial_step`` per in-process marker (0.5 with the ML-engineering RL study's 0.1), and every invalid
 reward stays below every valid one: an invalid rollout reaches at most seven markers (no finite
 score), ``-10 + 0.1 * 7 = -9.3``, and the lowest verifier score is -1. The last three are the
 verifier's, from the file the run left and labels the sandbox never saw.

@@ -1,9 +1,9 @@
-"""The ``mle`` domain (seed 002's machine-learning engineering setting), registered with propel.
+"""The ``mle`` domain (the ML-engineering RL study's machine-learning engineering setting), registered with propel.
 
 A task is a data set, the column to predict, a metric and a bar (the score a solution must reach).
 As a solver domain, an attempt is a Python script; it runs in the sandbox on the task's public
 files, and its verdict carries the workflow markers it reached, its held-out verifier score and its
-duration (``solve-train`` turns them into seed 002's partial-instrumentation reward). As a
+duration (``solve-train`` turns them into the ML-engineering RL study's partial-instrumentation reward). As a
 generator domain, the generator writes a task, and two validity predicates check that it is well
 formed and that a reference solution reaches its bar.
 """
@@ -106,7 +106,7 @@ def register_commands(cli):
     @click.pass_context
     def corpus(ctx: click.Context, config: str, overrides: tuple[str, ...], count: int) -> None:
         """Run every script of MODELS on every shipped task and write them, verified, as a labeled corpus
-        to RUN/mle/corpus/ (tasks.jsonl, labels.jsonl): seed 002's offline scored solutions, which
+        to RUN/mle/corpus/ (tasks.jsonl, labels.jsonl): the ML-engineering RL study's offline scored solutions, which
         `propel rank rank.items=attempts rank.labels=mle/corpus/labels.jsonl` trains a reward model on."""
         from propel_core.execution import graded_texts
         from propel_core.records import Label, encode
@@ -133,7 +133,7 @@ def register_commands(cli):
 
 def shipped_task(domain: MLE, i: int) -> Task:
     """Shipped task ``i`` as a task record, checked as a generated one is (the reference runs once)."""
-    predicates = {name: domain.registry.get("validity_predicates", name) for name in domain.validity_predicates}
+    predicates = domain.registry.validity_predicates(domain)
     context = domain.contexts()[i % len(domain.contexts())]
     return make_task(f"mle-{i:03d}", domain, context, domain.render(TASKS[i]), "shipped", predicates)
 

@@ -28,7 +28,7 @@ def mle(registry):
 
 
 def task_of(mle, registry, generation):
-    predicates = {name: registry.get("validity_predicates", name) for name in mle.validity_predicates}
+    predicates = registry.validity_predicates(mle)
     return make_task("t0", mle, mle.contexts()[0], generation, "g", predicates)
 
 

@@ -165,7 +165,7 @@ def mle_image(engine):
 
 
 def test_the_mle_domain_in_docker(mle_image):
-    """Seed 002's environment in a container: markers, the held-out score, scikit-learn's data hidden."""
+    """The ML-engineering RL study's environment in a container: markers, the held-out score, scikit-learn's data hidden."""
     from propel_mle.environment import MARKERS
     from propel_mle.plugin import TASKS, solution
 
