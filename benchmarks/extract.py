@@ -4,7 +4,7 @@ Compares, over the same texts in the same batches (the extract stage's: sorted b
 reference's default batch size), each arm tokenizing its batches itself:
 1. peer: plain transformers, the decoder stack alone (``model.base_model``, no LM head, no hidden
    states kept, no pooling);
-2. extract at full depth: ``propel_core.activations.pooled_activations`` at the last layer, with the
+2. extract at full depth: ``propel_core.probes.activations.pooled_activations`` at the last layer, with the
    ``mean_last_50`` pooler and the turn vector, as the stage runs it; target >= 0.9x the peer's rate;
 3. extract truncated at the middle layer L of N; target: cost <= 1.2 x L/N of the full-depth pass.
 
@@ -23,10 +23,10 @@ import argparse
 import torch
 from timing import compare, ratio, report
 
-from propel_core.activations import pooled_activations
 from propel_core.config import ModelConfig, validate_config
 from propel_core.execution import job_seed, task_id
 from propel_core.plugins import Registry
+from propel_core.probes.activations import pooled_activations
 from propel_math.pools import BUILTIN_POOLS, builtin_pool
 
 #: tokens of 40 math tasks (``Problem: ...``) the embedded model wrote at the default generator settings

@@ -34,7 +34,8 @@ from propel_core.errors import PropelError
 from propel_core.evaluation import evaluation_seed
 from propel_core.execution import sample_and_label, solver_labels
 from propel_core.experiment import ARMS, FILE, Timings, figures, summarize
-from propel_core.probes import ensemble_probes, load_probe
+from propel_core.probes.bundles import load_probe
+from propel_core.probes.cells import ensemble_probes
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run, start_run
 from propel_core.stages import STAGES, report

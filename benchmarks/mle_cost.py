@@ -28,7 +28,7 @@ from timing import compare, ratio, report
 
 from propel_core.config import validate_config
 from propel_core.plugins import Registry
-from propel_core.probes import load_probe
+from propel_core.probes.bundles import load_probe
 from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity
 from propel_core.run import Run
 from propel_core.stages.rank import rank

@@ -28,10 +28,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from timing import compare, report
 
-from propel_core.activations import activation_file, pooled_activations
 from propel_core.config import ModelConfig, ProbeConfig, validate_config
 from propel_core.plugins import Registry
-from propel_core.probes import ProbeJob, balanced_accuracy, splits, train_probe, train_probes
+from propel_core.probes.activations import activation_file, pooled_activations
+from propel_core.probes.cells import splits
+from propel_core.probes.heads import ProbeJob, train_probe, train_probes
+from propel_core.probes.metrics import balanced_accuracy
 from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity
 from propel_core.run import Run
 from propel_core.stages.probe import probe

@@ -35,7 +35,8 @@ from propel_core.config import validate_config
 from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.execution import sample_tasks, solver_labels
 from propel_core.plugins import Registry
-from propel_core.probes import TrainedProbe, save_bundle
+from propel_core.probes.bundles import save_bundle
+from propel_core.probes.heads import TrainedProbe
 from propel_core.records import ProbeBundle
 from propel_core.reward import reward_scorer
 from propel_core.run import Run

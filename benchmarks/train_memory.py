@@ -48,7 +48,8 @@ def main() -> None:
     from propel_core.config import load_config
     from propel_core.embedded import EMBEDDED_MODEL_ID
     from propel_core.plugins import Registry
-    from propel_core.probes import TrainedProbe, save_bundle
+    from propel_core.probes.bundles import save_bundle
+    from propel_core.probes.heads import TrainedProbe
     from propel_core.records import ProbeBundle
     from propel_core.run import Run
 

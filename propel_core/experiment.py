@@ -231,7 +231,7 @@ def _probe_on_tasks(root: Path, arm: str, seeds: list[int]) -> dict | None:
     probability beside the real in-band rate, and the rows they were measured on."""
     import torch
 
-    from propel_core.probes import metrics
+    from propel_core.probes.metrics import metrics
 
     utility, logits, rates = [], [], []
     for seed in seeds:

@@ -13,7 +13,8 @@ import math
 import random
 from collections.abc import Sequence
 
-from propel_core.probes import TrainedProbe, spearman
+from propel_core.probes.heads import TrainedProbe
+from propel_core.probes.metrics import spearman
 
 
 def ordered_pairs(

@@ -21,7 +21,7 @@ from propel_core.config import RewardConfig, TrainConfig
 from propel_core.contracts import ContextSampler, RewardRule, reads_probe
 from propel_core.domain import Domain, make_task
 from propel_core.errors import PropelError
-from propel_core.probes import ProbeScorer, load_probe
+from propel_core.probes.bundles import ProbeScorer, load_probe
 from propel_core.provenance import folder_digest
 from propel_core.records import Context, Label, SolverAttempt, Task, Validity, encode, to_json
 from propel_core.replay import ReplayBuffer

@@ -226,7 +226,8 @@ def test_a_probe_bundle_reads_with_plain_transformers_and_safetensors(tmp_path, 
 
     from propel_core.config import ModelConfig
     from propel_core.embedded import resolve_model
-    from propel_core.probes import TrainedProbe, load_probe, reference_settings, save_bundle
+    from propel_core.probes.bundles import load_probe, reference_settings, save_bundle
+    from propel_core.probes.heads import TrainedProbe
     from propel_core.records import ProbeBundle
 
     torch.manual_seed(0)

@@ -9,22 +9,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from propel_core.activations import activation_file, load_activations
 from propel_core.config import ProbeConfig
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
-from propel_core.probes import (
-    ProbeJob,
-    auc,
-    balanced_accuracy,
-    ece,
-    f1,
-    load_probe,
-    spearman,
-    splits,
-    train_probe,
-    train_probes,
-)
+from propel_core.probes.activations import activation_file, load_activations
+from propel_core.probes.bundles import load_probe
+from propel_core.probes.cells import splits
+from propel_core.probes.heads import ProbeJob, train_probe, train_probes
+from propel_core.probes.metrics import auc, balanced_accuracy, ece, f1, spearman
 from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity, iter_jsonl
 from propel_core.stages.probe import select
 
@@ -299,7 +291,7 @@ def test_heads_leaving_stacks_and_training_in_turns_change_no_weight(monkeypatch
     """Grouped folds (training sets of several sizes), heads that stop at different epochs and leave
     their stack, and a memory budget that splits the jobs into turns: every head still ends with the
     weights the one-at-a-time loop gives it, and each job is reported finished once."""
-    import propel_core.probes as probes
+    import propel_core.probes.heads as probes
 
     registry = Registry.build()
     x, y = _planted(rows=240, seed=3)
@@ -430,7 +422,8 @@ def test_the_scorer_reads_with_the_reference_settings_the_bundle_records(tmp_pat
     """A probe trained on a reference with non-default settings loads that reference, not a default
     one beside it: the scorer's backend is the reference role's, loaded once."""
     from propel_core.config import ModelConfig
-    from propel_core.probes import TrainedProbe, reference_settings, save_bundle
+    from propel_core.probes.bundles import reference_settings, save_bundle
+    from propel_core.probes.heads import TrainedProbe
     from propel_core.records import ProbeBundle
 
     reference = ModelConfig(dtype="float32", batch_size=3)

@@ -30,3 +30,23 @@ def test_mlp_learns_xor(propel_registry):
         optimizer.step()
     head.eval()
     assert ((head(x) > 0).float() == y).float().mean() == 1.0
+
+
+def test_calibration_bins_match_scikit_learns_calibration_curve():
+    """The bins behind ECE and the reliability diagram are scikit-learn's uniform ones: the same mean
+    probability and in-band rate per non-empty bin."""
+    import numpy as np
+    import torch
+    from sklearn.calibration import calibration_curve
+
+    from propel_core.probes.metrics import calibration_bins, ece
+
+    generator = torch.Generator().manual_seed(0)
+    probabilities = torch.rand(500, generator=generator) ** 2  # uneven: some bins nearly empty
+    y = (torch.rand(500, generator=generator) < probabilities).long()
+    found = calibration_bins(y, probabilities, 10)
+    rate, mean = calibration_curve(y.numpy(), probabilities.numpy(), n_bins=10, strategy="uniform")
+    assert np.allclose([b[1] for b in found], rate) and np.allclose([b[0] for b in found], mean, atol=1e-6)
+    assert sum(b[2] for b in found) == 500
+    expected = sum(n / 500 * abs(m - r) for (m, r, n) in found)
+    assert ece(y, probabilities) == expected and 0 < expected < 0.2

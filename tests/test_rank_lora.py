@@ -10,7 +10,7 @@ import torch
 
 from propel_core.config import validate_config
 from propel_core.plugins import Registry
-from propel_core.probes import load_probe
+from propel_core.probes.bundles import load_probe
 from propel_core.ranking import held_out_split, ordered_pairs, ranking_metrics
 from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity
 from propel_core.run import Run

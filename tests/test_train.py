@@ -12,7 +12,7 @@ from propel_core.config import ModelConfig, validate_config
 from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.execution import solver_labels
 from propel_core.plugins import Registry
-from propel_core.probes import load_probe
+from propel_core.probes.bundles import load_probe
 from propel_core.reward import RewardScorer, reward_scorer
 from propel_core.run import Run
 from propel_core.stages.evaluate import evaluate

@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from propel_core.activations import labeled_rows
 from propel_core.config import CoevolveConfig, ProbeConfig
 from propel_core.errors import NotEnoughData
 from propel_core.execution import solver_labels
-from propel_core.probes import ensemble_probes, fit_at_cell, load_probe
+from propel_core.probes.activations import labeled_rows
+from propel_core.probes.bundles import load_probe
+from propel_core.probes.cells import ensemble_probes, fit_at_cell
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.reward import reward_reads
 from propel_core.run import Run, log

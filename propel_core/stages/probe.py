@@ -19,18 +19,13 @@ import math
 import statistics
 from collections import Counter
 
-from propel_core.activations import load_activations
 from propel_core.embedded import EMBEDDED_MODEL_ID, model_source
 from propel_core.errors import NotEnoughData, PropelError, RewardError
-from propel_core.probes import (
-    ProbeJob,
-    fit_temperature,
-    metrics,
-    reference_settings,
-    save_bundle,
-    splits,
-    train_probes,
-)
+from propel_core.probes.activations import load_activations
+from propel_core.probes.bundles import reference_settings, save_bundle
+from propel_core.probes.cells import splits
+from propel_core.probes.heads import ProbeJob, fit_temperature, train_probes
+from propel_core.probes.metrics import calibration_bins, metrics
 from propel_core.records import Label, ProbeBundle, Task, iter_jsonl
 from propel_core.run import Run, log
 
@@ -242,14 +237,8 @@ def reliability(path, y, probabilities, bins: int = 10) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    centers, rates, counts = [], [], []
-    for b in range(bins):
-        low, high = b / bins, (b + 1) / bins
-        inside = (probabilities >= low) & ((probabilities < high) if b < bins - 1 else (probabilities <= high))
-        if inside.any():
-            centers.append(float(probabilities[inside].mean()))
-            rates.append(float(y[inside].float().mean()))
-            counts.append(int(inside.sum()))
+    found = calibration_bins(y, probabilities, bins)
+    centers, rates, counts = ([row[i] for row in found] for i in range(3))
     figure, axis = plt.subplots(figsize=(4.5, 4.5))
     axis.plot([0, 1], [0, 1], color="grey", linestyle="--", label="perfect calibration")
     axis.scatter(centers, rates, s=[20 + 8 * c for c in counts], label="bins (size = rows)")

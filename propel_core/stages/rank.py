@@ -24,7 +24,14 @@ from pathlib import Path
 from propel_core.config import PropelConfig
 from propel_core.embedded import EMBEDDED_MODEL_ID, model_source
 from propel_core.errors import NotEnoughData, PropelError
-from propel_core.probes import bundle_features, load_head, read_bundle, reference_of, reference_settings, save_bundle
+from propel_core.probes.bundles import (
+    bundle_features,
+    load_head,
+    read_bundle,
+    reference_of,
+    reference_settings,
+    save_bundle,
+)
 from propel_core.ranking import (
     fit_calibration,
     held_out_split,

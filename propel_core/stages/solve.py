@@ -22,7 +22,7 @@ from propel_core.domain import Domain
 from propel_core.errors import NotEnoughData, PropelError
 from propel_core.evaluation import paired_comparison, pass_at_k
 from propel_core.execution import graded_attempts, graded_texts
-from propel_core.probes import load_probe
+from propel_core.probes.bundles import load_probe
 from propel_core.records import Context, Label, SolverAttempt, Task, iter_jsonl, to_json
 from propel_core.replay import ReplayBuffer, replaying
 from propel_core.reward import SolverRewards, verified_corpus

@@ -146,7 +146,7 @@ def test_a_model_step_scores_what_looks_valid_with_the_calibrated_ranker(tmp_pat
     """RM-GRPO's two steps on the same planted rollouts: the verifier runs both on step 0; on step 1
     nothing runs, the valid-looking script gets the ranker's calibrated score, the other -10."""
     from propel_core.config import RewardConfig
-    from propel_core.probes import load_probe
+    from propel_core.probes.bundles import load_probe
     from propel_core.reward import SolverRewards
     from propel_plugins.rewards import partial_instrumentation
 

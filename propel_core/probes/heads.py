@@ -1,21 +1,17 @@
-"""Probe training, metrics, and the probe bundle that scores raw texts end to end (appendix 14)."""
+"""Probe heads: training one (``train_probe``) or a whole sweep of them stacked (``train_probes``), and
+temperature calibration (``fit_temperature``)."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from propel_core.activations import labeled_rows, pooled_activations
-from propel_core.config import ModelConfig, ProbeConfig
+from propel_core.config import ProbeConfig
 from propel_core.contracts import ProbeArchitecture
-from propel_core.embedded import EMBEDDED_MODEL_ID
-from propel_core.errors import PropelError
-from propel_core.records import ProbeBundle
+from propel_core.probes.metrics import balanced_accuracy
 
 log = logging.getLogger("propel")
 
@@ -107,8 +103,6 @@ def _pos_weight(labels, train, weighted: bool):
     positives = labels[train].sum()
     return (len(train) - positives) / positives.clamp(min=1) if weighted else torch.tensor(1.0)
 
-
-# -- many heads at once -----------------------------------------------------------------------------
 
 #: what the heads of one stacked training may hold: weights, gradients, AdamW state, best weights and
 #: validation features (estimated per head); more heads train in turns
@@ -418,83 +412,6 @@ class _Stack:
         return gone
 
 
-# -- metrics ----------------------------------------------------------------------------------------
-
-
-def balanced_accuracy(y, predicted) -> float:
-    """Mean of the recall of each class present; 0.5 is chance."""
-    y, predicted = y.bool(), predicted.bool()
-    recalls = [(predicted[y == cls] == cls).float().mean().item() for cls in (True, False) if (y == cls).any()]
-    return sum(recalls) / len(recalls)
-
-
-def f1(y, predicted) -> float:
-    y, predicted = y.bool(), predicted.bool()
-    tp = (y & predicted).sum().item()
-    denominator = 2 * tp + (~y & predicted).sum().item() + (y & ~predicted).sum().item()
-    return 2 * tp / denominator if denominator else 0.0
-
-
-def auc(y, scores) -> float:
-    """Area under the ROC curve: the chance that a random positive outranks a random negative."""
-    y = y.bool()
-    positives, negatives = scores[y], scores[~y]
-    if len(positives) == 0 or len(negatives) == 0:
-        return math.nan
-    greater = (positives[:, None] > negatives[None, :]).float().mean()
-    ties = (positives[:, None] == negatives[None, :]).float().mean()
-    return (greater + ties / 2).item()
-
-
-def ece(y, probabilities, bins: int = 10) -> float:
-    """Expected calibration error over equal-width probability bins."""
-    total, error = len(y), 0.0
-    edges = [i / bins for i in range(bins + 1)]
-    for low, high in itertools.pairwise(edges):
-        inside = (probabilities >= low) & ((probabilities < high) if high < 1 else (probabilities <= high))
-        if inside.any():
-            error += (
-                inside.sum().item() / total * abs(probabilities[inside].mean().item() - y[inside].float().mean().item())
-            )
-    return error
-
-
-def spearman(a, b) -> float:
-    """Spearman rank correlation, with average ranks for ties."""
-    import torch
-
-    ra, rb = _ranks(a), _ranks(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return math.nan
-    return torch.corrcoef(torch.stack([ra, rb]))[0, 1].item()
-
-
-def _ranks(values):
-    import torch
-
-    values = values.double()
-    order = values.argsort()
-    ranks = torch.empty_like(values)
-    ranks[order] = torch.arange(len(values), dtype=torch.double)
-    for value in values.unique():  # average ranks over ties
-        tied = values == value
-        ranks[tied] = ranks[tied].mean()
-    return ranks
-
-
-def metrics(y, logits, solve_rates) -> dict[str, float]:
-    import torch
-
-    probabilities = torch.sigmoid(logits)
-    return {
-        "balanced_accuracy": balanced_accuracy(y, logits > 0),
-        "ece": ece(y, probabilities),
-        "auc": auc(y, logits),
-        "f1": f1(y, logits > 0),
-        "spearman": spearman(probabilities, solve_rates),
-    }
-
-
 TEMPERATURE_RANGE = (0.1, 10.0)
 
 
@@ -517,167 +434,3 @@ def fit_temperature(logits, y) -> float:
     optimizer.step(closure)
     low, high = TEMPERATURE_RANGE
     return min(max(float(log_t.exp()), low), high)
-
-
-# -- splits, and probes fitted at a chosen cell -------------------------------------------------------
-
-
-def splits(y, groups, balance: str, split: str, config: ProbeConfig, seed: int) -> Iterator[tuple]:
-    """(train, val, test) row indices: a random 80/10/10 split, or k grouped folds (test = one fold,
-    val = the next, train = the rest; no group straddles two folds). ``downsample`` first drops
-    majority-class rows at random until both classes are the same size."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    chosen = torch.arange(len(y))
-    if balance == "downsample":
-        positives, negatives = chosen[y == 1], chosen[y == 0]
-        keep = min(len(positives), len(negatives))
-        pick = lambda rows: rows[torch.randperm(len(rows), generator=generator)[:keep]]  # noqa: E731
-        chosen = torch.cat([pick(positives), pick(negatives)])
-    if split == "random":
-        if len(chosen) < 10:
-            raise PropelError(f"{len(chosen)} rows after balancing; an 80/10/10 split needs at least 10")
-        chosen = chosen[torch.randperm(len(chosen), generator=generator)]
-        n_train, n_val = int(0.8 * len(chosen)), max(1, int(0.1 * len(chosen)))
-        yield chosen[:n_train], chosen[n_train : n_train + n_val], chosen[n_train + n_val :]
-        return
-    names = sorted({groups[i] for i in chosen.tolist()})
-    if len(names) < config.folds:
-        raise PropelError(f"grouped k-fold needs at least {config.folds} groups; the labeled rows have {len(names)}")
-    order = torch.randperm(len(names), generator=generator).tolist()
-    fold_of = {names[i]: position % config.folds for position, i in enumerate(order)}
-    folds = [chosen[torch.tensor([fold_of[groups[i]] == f for i in chosen.tolist()])] for f in range(config.folds)]
-    for f in range(config.folds):
-        val_fold = (f + 1) % config.folds
-        train = torch.cat([folds[g] for g in range(config.folds) if g not in (f, val_fold)])
-        yield train, folds[val_fold], folds[f]
-
-
-def fit_at_cell(registry, folder: Path, bundle: ProbeBundle, x, y, config: ProbeConfig, seed: int, source: str) -> Path:
-    """Train one probe of ``bundle``'s architecture on (x, y) (a random 80/10/10 split, classes
-    weighted), log its test balanced accuracy, and save it as a bundle like ``bundle`` in ``folder``."""
-    import torch
-
-    train, val, test = next(splits(y, [str(i) for i in range(len(y))], "weighted", "random", config, seed))
-    factory = registry.get("probe_architectures", bundle.architecture)
-    trained = train_probe(factory, x, y, train, val, config, True, seed)
-    temperature = fit_temperature(trained.logits(x[val]), y[val]) if config.calibrate else 1.0
-    scores = metrics(y[test], trained.logits(x[test]), torch.zeros(len(test)))
-    log.info("%s: %d rows, test balanced accuracy %.3f", source, len(y), scores["balanced_accuracy"])
-    finite = {k: v for k, v in scores.items() if math.isfinite(v)}
-    description = bundle.model_copy(update={"temperature": temperature, "training_rows": len(train), "metrics": finite})
-    save_bundle(folder, trained, description)
-    return folder
-
-
-def ensemble_probes(registry, run_dir: Path, config: ProbeConfig, seed: int, size: int, folder: Path) -> list[Path]:
-    """The ``wco`` rule's ensemble beside the selected probe: ``size - 1`` more probes at its cell,
-    seeded ``seed + 1`` on, trained on the labeled corpus -> ``folder/seed-S``."""
-    bundle = read_bundle(Path(run_dir) / "probes" / "selected")
-    x, y = labeled_rows(run_dir, bundle.layer, bundle.pooling)
-    return [
-        fit_at_cell(registry, folder / f"seed-{s}", bundle, x, y, config, s, f"ensemble member, seed {s}")
-        for s in range(seed + 1, seed + size)
-    ]
-
-
-# -- the bundle -------------------------------------------------------------------------------------
-
-
-def save_bundle(folder: Path, probe: TrainedProbe, description: ProbeBundle) -> None:
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {f"head.{k}": v.contiguous() for k, v in probe.head.state_dict().items()}
-    save_file({**tensors, "mean": probe.mean.contiguous(), "std": probe.std.contiguous()}, folder / "probe.safetensors")
-    (folder / "probe.json").write_text(description.model_dump_json(indent=2) + "\n")
-
-
-def load_head(folder: str | Path, bundle: ProbeBundle, registry) -> TrainedProbe:
-    """The head and standardization a bundle saved (``probe.safetensors``), without its reference."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(Path(folder) / "probe.safetensors")
-    head = registry.get("probe_architectures", bundle.architecture)(bundle.input_dim)
-    head.load_state_dict({k.removeprefix("head."): v for k, v in tensors.items() if k.startswith("head.")})
-    return TrainedProbe(head, tensors["mean"], tensors["std"], epochs=0)
-
-
-def bundle_features(backend, bundle: ProbeBundle, registry, texts: list[str | list[str]]):
-    """The pooled reference activations a bundle's head reads (its layer, pooling, turn vector and
-    length), exactly as the extract stage pools them, read with ``backend``: the bundle's reference,
-    or one the ranker trains a LoRA in (a model in training mode keeps the graph)."""
-    return pooled_activations(
-        backend,
-        texts,
-        [bundle.layer],
-        {bundle.pooling: registry.get("poolers", bundle.pooling)},
-        registry.get("poolers", bundle.turn_vector),
-        bundle.max_length,
-        reference_of(bundle).batch_size,
-    )[bundle.layer, bundle.pooling]
-
-
-class ProbeScorer:
-    """A saved probe, ready to score raw task texts: tokenize, truncated forward pass, pool, head."""
-
-    def __init__(self, folder: str | Path, registry=None):
-        from propel_core.plugins import Registry
-
-        self.bundle = read_bundle(folder)
-        self.registry = registry or Registry.build()
-        self.probe = load_head(folder, self.bundle, self.registry)
-        self.reference = reference_of(self.bundle)
-        self.backend = self.registry.backend(self.reference)
-
-    def logits_of_features(self, x):
-        return self.probe.logits(x) / self.bundle.temperature
-
-    def features(self, texts: list[str | list[str]]):
-        """The pooled reference activations the head reads, exactly as the extract stage pools them."""
-        return bundle_features(self.backend, self.bundle, self.registry, texts)
-
-    def score(self, texts: list[str | list[str]]) -> list[dict[str, float]]:
-        """``logit`` and ``probability`` of the in-band class for each text or trajectory (a list of
-        turns), with the temperature applied; and ``calibrated``, the logit on the verifier's scale,
-        where the bundle has a calibration (a ranker's: the line ``slope * logit + intercept`` clipped
-        to [``low``, ``high``])."""
-        import torch
-
-        logits = self.logits_of_features(self.features(texts))
-        scores = [{"logit": float(logit), "probability": float(torch.sigmoid(logit))} for logit in logits]
-        line = self.bundle.calibration
-        if line:
-            for score in scores:
-                value = line["slope"] * score["logit"] + line["intercept"]
-                score["calibrated"] = min(max(value, line["low"]), line["high"])
-        return scores
-
-
-def reference_settings(model: ModelConfig) -> dict[str, Any]:
-    """What a bundle records of the reference model it was trained on: every setting but sampling (the
-    reference never samples), so the scorer loads the very model the probe read, and shares it with
-    the run's reference role instead of loading it again."""
-    return model.model_dump(mode="json", exclude={"sampling"})
-
-
-def reference_of(bundle: ProbeBundle) -> ModelConfig:
-    """The reference model a bundle reads with: its recorded settings (a bundle of an older version
-    records only the model id, read with the defaults)."""
-    if bundle.reference:
-        return ModelConfig(**bundle.reference)
-    return ModelConfig(model=None if bundle.reference_model == EMBEDDED_MODEL_ID else bundle.reference_model)
-
-
-def read_bundle(folder: str | Path) -> ProbeBundle:
-    """A bundle's description (``probe.json``)."""
-    path = Path(folder) / "probe.json"
-    if not path.exists():
-        raise PropelError(f"no probe bundle in {folder} (probe.json is missing)")
-    return ProbeBundle.model_validate_json(path.read_text())
-
-
-def load_probe(folder: str | Path, registry=None) -> ProbeScorer:
-    """Load a probe bundle (``probe.json`` + ``probe.safetensors``) for scoring raw texts."""
-    return ProbeScorer(folder, registry)
