@@ -104,6 +104,6 @@ def test_a_lost_worker_node_costs_only_its_unfinished_attempts(
 def test_resources_no_node_offers_are_a_clear_error(propel_ray_cluster, propel_loopback_server, tmp_path):
     run = azr_run(tmp_path, propel_loopback_server, {"name": "ray", "options": {"resources": {"docker": 1}}})
     with pytest.raises(
-        PropelError, match=r"no node of the Ray cluster offers docker: 1.0 \(cluster resources: .*sandbox: 4"
+        PropelError, match=r"no node of the Ray cluster offers docker: 1 \(cluster resources: .*sandbox: 4"
     ):
         run.executor()
