@@ -311,6 +311,12 @@ def step_of(checkpoint: Path | None) -> int:
     return int(checkpoint.name.split("-")[-1]) if checkpoint is not None else 0
 
 
+def goes_on(folder: Path, resume: bool) -> bool:
+    """Whether a training into ``folder`` adds to what is there (for ``Run.claim``): resuming, and the
+    folder holds a checkpoint or a finished adapter (its checkpoints removed to free the disk)."""
+    return resume and (last_checkpoint(folder) is not None or (folder / "adapter").exists())
+
+
 def prepare_folder(folder: Path, resume: bool) -> Path | None:
     """The checkpoint a training run goes on from (``resume`` and the folder has one); starting over,
     the old checkpoints, adapter and logs are removed first, so no later resume picks up a checkpoint of

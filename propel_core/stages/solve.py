@@ -28,8 +28,8 @@ from propel_core.replay import ReplayBuffer, replaying
 from propel_core.reward import SolverRewards, verified_corpus
 from propel_core.run import Run, log
 from propel_core.training import (
+    goes_on,
     keep_steps_before,
-    last_checkpoint,
     load_policy,
     lora_config,
     prepare_folder,
@@ -81,7 +81,7 @@ def solve_train(run: Run) -> None:
     domain = run.domain()
     folder = run.dir / "solve" / options.name
     resume = config.train.resume
-    exists = resume and (last_checkpoint(folder) is not None or (folder / "adapter").exists())
+    exists = goes_on(folder, resume)
     rule_keys = ("reward.r_bad", f"reward.options.{options.reward_rule}") if options.reward_rule else ()
     run.claim(f"solve/{options.name}", exists, rule_keys)
     checkpoint = prepare_folder(folder, resume)  # after the claim: a refusal removes nothing

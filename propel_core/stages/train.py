@@ -17,7 +17,7 @@ from __future__ import annotations
 from propel_core.execution import solver_labels
 from propel_core.reward import reward_reads
 from propel_core.run import Run
-from propel_core.training import last_checkpoint, train_generator
+from propel_core.training import goes_on, train_generator
 
 
 def train(run: Run) -> None:
@@ -27,7 +27,7 @@ def train(run: Run) -> None:
     folder = run.dir / "train"
     resume = config.train.resume
     # what the folder holds counts before anything goes: a checkpoint, or a finished adapter (resuming)
-    exists = resume and (last_checkpoint(folder) is not None or (folder / "adapter").exists())
+    exists = goes_on(folder, resume)
     run.claim("train", exists, *reward_reads(run, config.reward))  # rule, options, bundles
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
     train_generator(run, folder, config.generator, config.train, config.reward, config.seed, solve, resume)
