@@ -23,11 +23,8 @@ def register_model_backends(register):
 class TransformersBackend:
     """Loads a causal LM (hub id, local folder, or the embedded default) and runs it in-process."""
 
-    #: rows of one call with the same prompt share one prompt pass where the model allows it (False:
-    #: each row runs its own, the old way, kept for benchmarks/label.py and the tests that compare)
-    _share_prefill = True
-
     def __init__(self, model: ModelConfig):
+        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.config = model
@@ -52,6 +49,12 @@ class TransformersBackend:
             self.model = PeftModel.from_pretrained(self.model, model.adapter).merge_and_unload()
         self.model.to(self.device).eval()
         self.num_layers = self.model.config.num_hidden_layers
+        #: whether rows of one call with the same prompt share one prompt pass (``_generate_rows``): for a
+        #: float32 model on the CPU, where it pays (1.47x on a label batch) and samples exactly what a
+        #: pass per row samples. Not on a GPU, where it measured no faster (1.04x in bfloat16, 0.87x in
+        #: float32 on an H100), nor in half precision, where the other matrix shapes round otherwise
+        #: (31% of greedy rows changed): benchmarks/cuda.py. Benchmarks and tests set it to compare.
+        self._share_prefill = self.device == "cpu" and self.model.dtype == torch.float32
 
     # -- generation ---------------------------------------------------------------------------------
 
@@ -128,9 +131,9 @@ class TransformersBackend:
         return "cache" if "cache" in inspect.signature(self.model.base_model.forward).parameters else "past_key_values"
 
     def _prefill_can_be_shared(self) -> bool:
-        """Whether rows may continue from a copied ``DynamicCache``: not for a model whose generation
-        config names another cache, nor for one transformers does not give a dynamic cache (xlnet,
-        rwkv, ...)."""
+        """Whether rows may continue from a copied ``DynamicCache``: where ``_share_prefill`` asks for
+        it, and not for a model whose generation config names another cache, nor for one transformers
+        does not give a dynamic cache (xlnet, rwkv, ...)."""
         model = self.model
         return (
             self._share_prefill

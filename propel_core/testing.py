@@ -25,6 +25,9 @@ For domain authors, ``assert_same_verdicts_concurrently(domain, attempts)``: the
 domain's grader from many threads at once; this grades the attempts one by one, then all of them
 again from many threads in a shuffled order, and fails naming every attempt whose verdict changed.
 
+For probe and training experiments, ``planted_countdown_run(folder)``: a run folder of valid
+countdown tasks with labels whose signal is known (in band when the target is above the median).
+
 For sandbox authors, ``stray_sandbox_processes(uids)``: processes of the sandbox's uids that
 outlived this process's runs (those of runs another process has under way do not count), and
 ``MEMORY_PINNERS``: hostile programs (name -> Python source) that try to pin
@@ -390,3 +393,32 @@ def propel_ray_cluster():
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+
+
+def planted_countdown_run(folder: Path, num_contexts: int = 64, seed: int = 1234) -> Path:
+    """Write ``tasks.jsonl`` and ``labels.jsonl`` into ``folder``: the countdown domain's own example
+    puzzles (two per context, so ``2 * num_contexts`` valid tasks; ``seed`` draws them, as the
+    domain's option of that name), each labeled from eight attempts with a planted signal: two solved
+    (in the default band, 1/8..3/8) when its target is above the median, none otherwise. The
+    reference model can read a target, so a probe can learn the label; a run reading the folder sets
+    ``domain: {name: countdown, options: {num_contexts: N, seed: S}}`` alike."""
+    import statistics
+
+    from propel_core.domain import make_task
+    from propel_core.records import JsonlWriter, Label, SolverAttempt
+
+    registry = Registry.build()
+    domain = registry.domain("countdown", num_contexts=num_contexts, seed=seed)
+    predicates = registry.validity_predicates(domain)
+    contexts = domain.contexts()
+    puzzles = [(context, example) for context in contexts for example in context.data["examples"]]
+    median = statistics.median(example["target"] for _, example in puzzles)
+    folder.mkdir(parents=True, exist_ok=True)
+    with JsonlWriter(folder / "tasks.jsonl") as tasks, JsonlWriter(folder / "labels.jsonl") as labels:
+        for i, (context, puzzle) in enumerate(puzzles):
+            task = make_task(f"t{i:03d}", domain, context, domain.render(puzzle), "m", predicates)
+            tasks.write(task)
+            solved = 2 if puzzle["target"] > median else 0
+            attempts = [SolverAttempt(text="", solved=j < solved) for j in range(8)]
+            labels.write(Label.from_attempts(task.id, attempts, (1 / 8, 3 / 8), 1))
+    return folder

@@ -66,29 +66,8 @@ def example_reward_plugin(example_plugin, example_reward_plugin_site, monkeypatc
 
 @pytest.fixture(scope="session")
 def planted_run():
-    """``planted_run(folder)`` writes 128 valid countdown tasks (the domain's own example puzzles) and
-    labels with a planted signal: a task is 'in band' when its target is above the median, a property
-    the reference model can read. The probe and train tests learn from it."""
-    import statistics
+    """``planted_run(folder)`` writes 128 countdown tasks with a planted label
+    (:func:`propel_core.testing.planted_countdown_run`); the probe and train tests learn from it."""
+    from propel_core.testing import planted_countdown_run
 
-    from propel_core.domain import make_task
-    from propel_core.plugins import Registry
-    from propel_core.records import JsonlWriter, Label, SolverAttempt
-
-    def write(folder: Path) -> Path:
-        registry = Registry.build()
-        domain = registry.domain("countdown")
-        predicates = registry.validity_predicates(domain)
-        puzzles = [example for context in domain.contexts() for example in context.data["examples"]]
-        median = statistics.median(p["target"] for p in puzzles)
-        with JsonlWriter(folder / "tasks.jsonl") as tasks, JsonlWriter(folder / "labels.jsonl") as labels:
-            for i, puzzle in enumerate(puzzles):
-                text = domain.render(puzzle)
-                task = make_task(f"t{i:03d}", domain, domain.contexts()[i // 2], text, "m", predicates)
-                tasks.write(task)
-                solved = 2 if puzzle["target"] > median else 0
-                attempts = [SolverAttempt(text="", solved=j < solved) for j in range(8)]
-                labels.write(Label.from_attempts(task.id, attempts, (1 / 8, 3 / 8), 1))
-        return folder
-
-    return write
+    return planted_countdown_run

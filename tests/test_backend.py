@@ -94,6 +94,24 @@ def test_greedy_rows_of_one_prompt_share_its_prompt_pass(propel_embedded_backend
     assert propel_embedded_backend.generate(prompts, greedy, n=2) == shared
 
 
+def test_half_precision_runs_a_prompt_pass_per_row():
+    """In bfloat16 the K attempts at a task do not share a prompt pass: its other matrix shapes round
+    otherwise, and on an H100 31% of greedy rows changed when they shared (benchmarks/cuda.py)."""
+    from propel_core.config import ModelConfig
+    from propel_plugins.backends import TransformersBackend
+
+    backend = TransformersBackend(ModelConfig(dtype="bfloat16", device="cpu"))
+    rows = []
+    hook = backend.model.base_model.register_forward_hook(
+        lambda _module, _args, kwargs, _out: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        backend.generate(["Name a color."], Sampling(temperature=0.8, max_new_tokens=2), n=3, seed=[5])
+    finally:
+        hook.remove()
+    assert not backend._share_prefill and rows[0] == 3  # the first pass is the whole prompt, once per row
+
+
 def test_hidden_states_match_full_forward(propel_embedded_backend):
     texts = ["A longer task statement with several more tokens in it.", "Short one."]
     states = propel_embedded_backend.hidden_states(texts, [0, 5, 11], max_length=64)

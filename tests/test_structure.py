@@ -173,3 +173,14 @@ def test_no_import_cycle_in_the_core():
     assert {"propel_core.contracts", "propel_core.run", "propel_core.execution"} <= set(graph)
     assert cycle(graph) == [], " -> ".join(cycle(graph))
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check can fail
+
+
+def test_an_installed_wheel_holds_every_package():
+    """pyproject lists packages by hand: a subpackage missing there is missing from a built wheel
+    (``propel_core.probes`` was, until a non-editable install on a GPU machine failed to import it)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "propel_core").rglob("__init__.py")}
+    found |= {"propel_plugins"}
+    assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"

@@ -39,7 +39,8 @@ def pooled_activations(
     A text is a string, pooled over its tokens, or a trajectory (a list of turns): each turn is
     pooled over its tokens by ``turn_vector``, and the named pooler then pools over the turns, with
     a turn mask, exactly as it pools over tokens. Segments are batched in length order, and padding
-    never reaches a pooled vector.
+    never reaches a pooled vector. Pooling runs in float32 on the reference's device: a half-precision
+    reference rounds its hidden states once, not again in a mean over hundreds of tokens.
     """
     import torch
 
@@ -53,9 +54,9 @@ def pooled_activations(
         batch = order[start : start + batch_size]
         states = backend.hidden_states([segments[j][1] for j in batch], layers, max_length)
         for layer in layers:
-            hidden = states.layers[layer]
-            by_pooler = {name: pool(hidden, states.mask).float().cpu() for name, pool in poolers.items()}
-            turn_rows = turn_vector(hidden, states.mask).float().cpu()
+            hidden = states.layers[layer].float()  # pooled in float32 whatever the reference's dtype
+            by_pooler = {name: pool(hidden, states.mask).cpu() for name, pool in poolers.items()}
+            turn_rows = turn_vector(hidden, states.mask).cpu()
             for row, j in enumerate(batch):
                 for name in poolers:
                     per_segment[layer, name, j] = by_pooler[name][row]
