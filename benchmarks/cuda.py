@@ -259,8 +259,8 @@ def measure(args) -> None:
             "per_device_batch": 16,
             "gradient_accumulation": 1,
             "max_completion_length": 64,
-            "checkpoint_every": 100,
         },
+        "checkpoint": {"every": 100},
     }
     run = Run(validate_config(data, registry), registry, quiet=True)
     held_out = Registry.build().domain("countdown", num_contexts=args.tasks // 2, seed=99)

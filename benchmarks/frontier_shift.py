@@ -13,7 +13,7 @@ command:
 3. For each RL seed, every arm and the untrained base write ``evaluate.num_tasks`` tasks from the
    same fresh contexts with the same generation seeds; the solver attempts each valid one
    ``evaluate.k`` times (the probe judges nothing here; it is only scored for the diagnostics).
-4. ``RUN/experiment/frontier_shift.json`` (propel_core.experiment.summarize), its figures, and
+4. ``RUN/experiment/frontier_shift.json`` (``experiment.summarize``, beside this script), its figures, and
    ``RUN/report.html``, which opens with the answer.
 
 Every piece records its wall time in ``RUN/experiment/timings.json`` when it finishes; a rerun skips
@@ -30,16 +30,17 @@ import logging
 import sys
 from pathlib import Path
 
+from experiment import ARMS, FILE, Timings, figures, summarize
+
 from propel_core.errors import PropelError
 from propel_core.evaluation import evaluation_seed
 from propel_core.execution import sample_and_label, solver_labels
-from propel_core.experiment import ARMS, FILE, Timings, figures, summarize
 from propel_core.probes.bundles import load_probe
 from propel_core.probes.cells import ensemble_probes
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run, start_run
 from propel_core.stages import STAGES, report
-from propel_core.training import train_generator
+from propel_core.training.generator import train_generator
 
 log = logging.getLogger("propel")
 
@@ -50,7 +51,8 @@ def train_arm(run: Run, seed: int, rule: str, probes: list[Path], folder: Path) 
     config = run.config
     reward = config.reward.model_copy(update={"rule": rule, "probes": [str(p) for p in probes]})
     solve = solver_labels(run, config.solver, config.label, seed, "solver in the loop")
-    train_generator(run, folder, config.generator, config.train, reward, seed, solve)
+    every = config.checkpoint.every
+    train_generator(run, folder, config.generator, config.train, config.lora, reward, seed, every, solve)
 
 
 def evaluate_arm(run: Run, contexts, adapter: Path | None, folder: Path, seed: int, probe) -> None:
@@ -91,7 +93,7 @@ def setting(run: Run, seeds: list[int]) -> dict:
         "rollouts_per_step": train.per_device_batch * train.gradient_accumulation,
         "lr": train.lr,
         "beta": train.beta,
-        "lora": [train.lora_r, train.lora_alpha],
+        "lora": [config.lora.r, config.lora.alpha],
         "temperature": train.temperature,
         "max_completion_length": train.max_completion_length,
         "r_bad": config.reward.r_bad,

@@ -38,8 +38,8 @@ from propel_core.plugins import Registry
 from propel_core.probes.bundles import save_bundle
 from propel_core.probes.heads import TrainedProbe
 from propel_core.records import ProbeBundle
-from propel_core.reward import reward_scorer
 from propel_core.run import Run
+from propel_core.training.generator_reward import reward_scorer
 
 K, LAYER = 8, 15
 

@@ -44,7 +44,6 @@ def main() -> None:
     import trl  # noqa: F401
     from transformers import TrainerCallback
 
-    from propel_core import reward, training
     from propel_core.config import load_config
     from propel_core.embedded import EMBEDDED_MODEL_ID
     from propel_core.plugins import Registry
@@ -52,6 +51,7 @@ def main() -> None:
     from propel_core.probes.heads import TrainedProbe
     from propel_core.records import ProbeBundle
     from propel_core.run import Run
+    from propel_core.training import generator, generator_reward
 
     mark("torch, transformers, trl, peft imported")
     sizes = {}
@@ -69,9 +69,10 @@ def main() -> None:
         return sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
 
     reference = "the probe's frozen reference model loaded"
-    reward.load_probe = measured(reference, reward.load_probe, lambda p: parameter_bytes(p.backend.model))
-    training.load_policy = measured(
-        "the policy (generator) loaded", training.load_policy, lambda loaded: parameter_bytes(loaded[1])
+    loaded = generator_reward.load_probe
+    generator_reward.load_probe = measured(reference, loaded, lambda p: parameter_bytes(p.backend.model))
+    generator.load_policy = measured(
+        "the policy (generator) loaded", generator.load_policy, lambda loaded: parameter_bytes(loaded[1])
     )
 
     class Steps(TrainerCallback):
@@ -84,8 +85,8 @@ def main() -> None:
         sampler.start()
         saving(trainer, folder)
 
-    saving = training.train_and_save
-    training.train_and_save = train_and_save
+    saving = generator.train_and_save
+    generator.train_and_save = train_and_save
 
     phases: list[str] = []  # the running phases, innermost last
     peaks: dict[str, float] = {}
@@ -105,7 +106,7 @@ def main() -> None:
 
     from trl import GRPOTrainer
 
-    from propel_core.reward import RewardScorer
+    from propel_core.training.generator_reward import RewardScorer
 
     phase("the rest of the training step (backward)", GRPOTrainer, "training_step")
     phase("the rest of generation and scoring", GRPOTrainer, "_generate_and_score_completions")
@@ -124,7 +125,7 @@ def main() -> None:
 
     registry = Registry.build()
     with tempfile.TemporaryDirectory() as tmp:
-        demo = Path(training.__file__).parent / "configs" / "demo.yaml"
+        demo = Path(generator.__file__).parent.parent / "configs" / "demo.yaml"
         config = load_config(demo, [f"run_dir={tmp}", f"train.steps={steps}"], registry)
         head = registry.get("probe_architectures", "linear")(576)
         save_bundle(

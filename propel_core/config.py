@@ -232,23 +232,35 @@ class TrainConfig(Section):
     )
     mask_truncated_completions: bool = Field(False, description="TRL: leave truncated completions out of the loss")
     gradient_checkpointing: bool = Field(True, description="TRL's default; off is faster where memory allows")
-    lora_r: int = Field(16, gt=0)
-    lora_alpha: int = Field(32, gt=0)
-    lora_dropout: float = Field(0.05, ge=0, lt=1)
-    lora_target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo"] = "grpo"
     epsilon_low: float = Field(0.2, gt=0)
     epsilon_high: float | None = None
-    checkpoint_every: int = Field(10, gt=0)
     use_vllm: bool = False
     vllm_mode: Literal["colocate", "server"] = Field(
         "colocate", description="TRL's vLLM generation: in the training process, or a `trl vllm-serve` server"
     )
     vllm_server_base_url: str | None = None
-    resume: bool = Field(True, description="go on from the last checkpoint in the folder; false: start over")
     replay: ReplayConfig = ReplayConfig()
+
+
+class LoraConfig(Section):
+    """The LoRA adapter every training puts on its model: the generator's (train, coevolve), the
+    solver's (solve-train, self-train) and the reference's under a ranker (``rank.lora``, which sizes
+    its own with ``rank.lora_r`` and ``lora_alpha``)."""
+
+    r: int = Field(16, gt=0)
+    alpha: int = Field(32, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+class CheckpointConfig(Section):
+    """Checkpoints of the trainings that save them (train, coevolve, solve-train)."""
+
+    every: int = Field(10, gt=0, description="optimizer steps between checkpoints")
+    resume: bool = Field(True, description="go on from the last checkpoint in the folder; false: start over")
 
 
 class EvaluateConfig(Section):
@@ -379,6 +391,8 @@ class PropelConfig(Section):
     probe: ProbeConfig = ProbeConfig()
     reward: RewardConfig = RewardConfig()
     train: TrainConfig = TrainConfig()
+    lora: LoraConfig = LoraConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     coevolve: CoevolveConfig = CoevolveConfig()
     rank: RankConfig = RankConfig()
@@ -469,12 +483,25 @@ def check_components(model: BaseModel, registry: Registry, prefix: str = "") -> 
     return problems
 
 
+#: settings that moved to a section of their own, for the error a config with the old key gets
+MOVED = {
+    "train.lora_r": "lora.r",
+    "train.lora_alpha": "lora.alpha",
+    "train.lora_dropout": "lora.dropout",
+    "train.lora_target_modules": "lora.target_modules",
+    "train.checkpoint_every": "checkpoint.every",
+    "train.resume": "checkpoint.resume",
+}
+
+
 def format_errors(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         loc = err["loc"]
         key = ".".join(str(part) for part in loc) or "(top level)"
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "extra_forbidden" and key in MOVED:
+            lines.append(f"{key}: this setting is {MOVED[key]} now")
+        elif err["type"] == "extra_forbidden":
             fields = sorted(_section_at(loc[:-1]).model_fields)
             lines.append(f"{key}: unknown key; valid keys here: {', '.join(fields)}")
         elif err["type"] == "missing":

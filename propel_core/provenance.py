@@ -27,6 +27,10 @@ EVAL_MORE = ("label.min_valid_attempts", "generate.context_sampler", "generate.s
 #: stage that knows which rule it uses (``more_keys``), so another rule's options change nothing
 REWARD = ("reward.rule", "reward.r_bad", "reward.overflow_reward", "reward.main_probe", "reward.probes")
 
+#: what the generator's training depends on (train and coevolve)
+GENERATOR_TRAINING = (
+    "seed", "domain", "train", "lora", *REWARD, "generator", "generate.context_sampler", "generate.sampler_options"
+)  # fmt: skip
 #: output -> (the config keys it depends on, as dotted prefixes; the outputs it is made from)
 DEPENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "tasks.jsonl": (("seed", "domain", "generator", "generate"), ()),
@@ -35,34 +39,27 @@ DEPENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("tasks.jsonl",),
     ),
     "probes": (("probe", "reference", *REWARD), ("labels.jsonl",)),
-    "train": (
-        ("seed", "domain", "train", *REWARD, "generator", "generate.context_sampler", "generate.sampler_options"),
-        ("probes",),
-    ),
-    "coevolve": (
-        ("seed", "domain", "train", *REWARD, "generator", "generate.context_sampler", "generate.sampler_options"),
-        ("probes",),
-    ),  # and the reward it trains with (rule: coevolve.mode), which the stage passes as values
+    "train": (GENERATOR_TRAINING, ("probes",)),
+    # and the reward coevolve trains with (rule: coevolve.mode), which the stage passes as values
+    "coevolve": (GENERATOR_TRAINING, ("probes",)),
     "eval": (  # each arm (eval/ARM) also records its adapter's content, whichever training made it
         ("seed", "domain", "generator", "solver", "evaluate", "label.band_low", "label.band_high", *EVAL_MORE),
         (),
     ),
     "solve": (
-        ("seed", "domain", "solver", "solve_train", "train.lora_r", "train.lora_alpha", "train.lora_target_modules"),
+        ("seed", "domain", "solver", "solve_train", "lora"),
         (),
     ),
 }
 
 #: the last part of a key that never changes what an output holds: how work runs, and how many tasks
 #: (task i is the same whatever the count, so a corpus or an evaluation may grow)
-IRRELEVANT = frozenset(
-    {"batch_size", "device", "max_concurrency", "max_retries", "api_key_env", "checkpoint_every", "resume", "num_tasks"}
-)
+IRRELEVANT = frozenset({"batch_size", "device", "max_concurrency", "max_retries", "api_key_env", "num_tasks"})
 
 FILE = "settings.json"
 
 #: how each output starts over, for the refusal's message
-RESTART = {"train": "train.resume=false", "solve": "train.resume=false"}
+RESTART = {"train": "checkpoint.resume=false", "solve": "checkpoint.resume=false"}
 
 #: how a new run folder can go on from this one's inputs, for the refusal's message
 NEW_RUN = {"train": " (training there on this run's probe: reward.main_probe={run_dir}/probes/selected)"}

@@ -22,8 +22,8 @@ def test_paper_defaults(propel_registry):
     )
     assert (config.probe.lr, config.probe.weight_decay, config.probe.batch_size) == (1e-3, 1e-4, 64)
     assert (config.probe.epochs, config.probe.patience) == (50, 7)
-    assert (config.train.lora_r, config.train.lora_alpha, config.train.lora_dropout) == (16, 32, 0.05)
-    assert len(config.train.lora_target_modules) == 7
+    assert (config.lora.r, config.lora.alpha, config.lora.dropout) == (16, 32, 0.05)
+    assert len(config.lora.target_modules) == 7
     assert (config.reward.rule, config.reward.r_bad) == ("hard", -0.2)
     assert config.generator.model is None  # the embedded default
 
@@ -90,6 +90,16 @@ def test_unknown_key_lists_valid_keys(config_file, propel_registry):
     message = str(err.value)
     assert "generator.sampling.tempreature: unknown key" in message
     assert "max_new_tokens, temperature, top_k, top_p" in message
+
+
+def test_a_moved_setting_names_where_it_went(propel_registry):
+    data = {"domain": {"name": "countdown"}, "train": {"lora_r": 8, "resume": False, "steps": 2}}
+    with pytest.raises(ConfigError) as err:
+        validate_config(data, propel_registry)
+    assert "train.lora_r: this setting is lora.r now" in str(err.value)
+    assert "train.resume: this setting is checkpoint.resume now" in str(err.value)
+    moved = {"domain": {"name": "countdown"}, "lora": {"r": 8}, "checkpoint": {"resume": False}}
+    assert validate_config(moved, propel_registry).lora.r == 8
 
 
 def test_unknown_top_level_section(config_file, propel_registry):

@@ -276,7 +276,7 @@ def test_training_killed_after_a_checkpoint_resumes_from_it(tmp_path, propel_cli
         f"run_dir: {tmp_path}\ndomain: {{name: arithmetic}}\nsolver: {{backend: arithmetic_skill}}\n"
         "label: {k: 2}\nreward: {rule: solver_in_the_loop}\n"
         "train: {steps: 3, group_size: 2, per_device_batch: 2, gradient_accumulation: 1,\n"
-        "        max_completion_length: 12, checkpoint_every: 1, gradient_checkpointing: false}\n"
+        "        max_completion_length: 12, gradient_checkpointing: false}\ncheckpoint: {every: 1}\n"
     )
     command = [str(Path(sys.executable).with_name("propel")), "-q", "train", str(tmp_path / "run.yaml")]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -344,7 +344,7 @@ def test_a_stages_own_settings_replace_what_its_inputs_recorded(tmp_path):
 
 def test_a_bundle_is_known_by_its_content_and_starting_over_clears_the_folder(tmp_path):
     from propel_core.provenance import folder_digest
-    from propel_core.training import prepare_folder
+    from propel_core.training.checkpoints import prepare_folder
 
     bundle = tmp_path / "probe"
     bundle.mkdir()

@@ -11,10 +11,10 @@ import torch
 from propel_core.config import validate_config
 from propel_core.plugins import Registry
 from propel_core.probes.bundles import load_probe
-from propel_core.ranking import held_out_split, ordered_pairs, ranking_metrics
 from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity
 from propel_core.run import Run
 from propel_core.stages.rank import rank
+from propel_core.training.ranking import held_out_split, ordered_pairs, ranking_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,7 @@ def run_in(folder, registry, **rank) -> Run:
     data = {
         "run_dir": str(folder),
         "domain": {"name": "countdown"},
-        "train": {"lora_target_modules": ["q_proj", "v_proj"]},  # the LoRA's targets
+        "lora": {"target_modules": ["q_proj", "v_proj"]},  # the LoRA's targets
         "rank": {"items": "attempts", **rank},
     }
     return Run(validate_config(data, registry), registry, quiet=True)

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from propel_core.ranking import (
+from propel_core.training.ranking import (
     fit_calibration,
     held_out_split,
     kendall_tau_b,

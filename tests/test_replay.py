@@ -2,7 +2,7 @@
 
 import pytest
 
-from propel_core.replay import ReplayBuffer
+from propel_core.training.replay import ReplayBuffer
 
 
 def test_the_threshold_comparison_decides_exact_baseline_generations():

@@ -14,7 +14,7 @@ def config_file(tmp_path):
         f"run_dir: {tmp_path}\ndomain: {{name: reverse_word}}\n"
         "reward: {rule: length_bonus, options: {length_bonus: {per_letter: 0.5}}}\n"
         "train: {steps: 2, group_size: 2, per_device_batch: 2, gradient_accumulation: 1,\n"
-        "        max_completion_length: 8, checkpoint_every: 1, gradient_checkpointing: false}\n"
+        "        max_completion_length: 8, gradient_checkpointing: false}\ncheckpoint: {every: 1}\n"
     )
     return str(path)
 

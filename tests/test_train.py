@@ -13,14 +13,14 @@ from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.execution import solver_labels
 from propel_core.plugins import Registry
 from propel_core.probes.bundles import load_probe
-from propel_core.reward import RewardScorer, reward_scorer
 from propel_core.run import Run
 from propel_core.stages.evaluate import evaluate
 from propel_core.stages.extract import extract
 from propel_core.stages.probe import probe
 from propel_core.stages.report import report
 from propel_core.stages.train import train
-from propel_core.training import train_generator
+from propel_core.training.generator import train_generator
+from propel_core.training.generator_reward import RewardScorer, reward_scorer
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +40,8 @@ def probed_run(tmp_path_factory, planted_run):
             "per_device_batch": 4,
             "gradient_accumulation": 1,
             "max_completion_length": 24,
-            "checkpoint_every": 100,
         },
+        "checkpoint": {"every": 100},
     }
     run = Run(validate_config(data, registry), registry, quiet=True)
     extract(run)
@@ -324,7 +324,8 @@ def test_cold_transfer_trains_another_family_against_the_fixed_probe(probed_run,
     run = with_config(
         probed_run,
         generator={"model": str(other_family_policy)},
-        train={**probed_run.config.train.model_dump(), "steps": 1, "lora_target_modules": ["c_attn", "c_proj", "c_fc"]},
+        train={**probed_run.config.train.model_dump(), "steps": 1},
+        lora={"target_modules": ["c_attn", "c_proj", "c_fc"]},
     )
     train_in(run, tmp_path / "train")
     adapter = load_file(tmp_path / "train" / "adapter" / "adapter_model.safetensors")
@@ -388,4 +389,4 @@ def test_grpo_with_replay_and_the_progress_sampler(probed_run, tmp_path):
 def train_in(run, folder):
     """The train stage's GRPO loop on ``run``'s config, into ``folder``."""
     config = run.config
-    train_generator(run, folder, config.generator, config.train, config.reward, config.seed)
+    train_generator(run, folder, config.generator, config.train, config.lora, config.reward, config.seed, 100)

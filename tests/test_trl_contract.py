@@ -10,7 +10,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from propel_core.errors import PropelError
-from propel_core.replay import TRL_SUPPORTED, ReplayBuffer, prompt_key, replaying, trl_version
+from propel_core.training.replay import TRL_SUPPORTED, ReplayBuffer, prompt_key, replaying, trl_version
 
 PROMPT = "Target: 24\nNumbers: 3, 8, 8\n"
 

@@ -22,9 +22,10 @@ from propel_core.probes.activations import labeled_rows
 from propel_core.probes.bundles import load_probe
 from propel_core.probes.cells import ensemble_probes, fit_at_cell
 from propel_core.records import Label, Task, iter_jsonl
-from propel_core.reward import reward_reads
 from propel_core.run import Run, log
-from propel_core.training import prepare_folder, train_generator
+from propel_core.training.checkpoints import prepare_folder
+from propel_core.training.generator import train_generator
+from propel_core.training.generator_reward import reward_reads
 
 
 def coevolve(run: Run) -> None:
@@ -44,7 +45,10 @@ def coevolve(run: Run) -> None:
     values |= {"reward.rule": reward.rule, "reward.probes": reward.probes}
     run.claim("coevolve", False, (*keys, "coevolve"), values)  # recorded: the reward it trains with
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
-    train_generator(run, folder / "train", config.generator, config.train, reward, config.seed, solve)
+    every = config.checkpoint.every
+    train_generator(
+        run, folder / "train", config.generator, config.train, config.lora, reward, config.seed, every, solve
+    )
 
 
 def false_positives(run: Run, main, config: CoevolveConfig) -> list[Task]:

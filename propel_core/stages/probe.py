@@ -18,6 +18,7 @@ import csv
 import math
 import statistics
 from collections import Counter
+from pathlib import Path
 
 from propel_core.embedded import EMBEDDED_MODEL_ID, model_source
 from propel_core.errors import NotEnoughData, PropelError, RewardError
@@ -39,15 +40,7 @@ def probe(run: Run) -> None:
     config, probe_config = run.config, run.config.probe
     # rewritten whole each time: recorded, for what trains against it (RVP reads the rule and its options)
     run.claim("probes", False, (f"reward.options.{config.reward.rule}",))
-    labels = [label for label in iter_jsonl(run.dir / "labels.jsonl", Label) if label.utility is not None]
-    if not labels:
-        raise PropelError(f"no labels with a known utility in {run.dir / 'labels.jsonl'}: run `propel label` first")
-    if len({label.utility for label in labels}) < 2:
-        side = "inside" if labels[0].utility else "outside"
-        raise NotEnoughData(
-            f"all {len(labels)} labeled tasks are {side} the band, so there is nothing to tell apart; "
-            "label more tasks, or move label.band_low / label.band_high"
-        )
+    labels = _known_labels(run)
     tasks = {task.id: task for task in iter_jsonl(run.dir / "tasks.jsonl", Task)}
     first_layer, first_pooling = probe_config.layers[0], probe_config.poolings[0]
     ids, first = load_activations(run.dir, first_layer, first_pooling)
@@ -106,12 +99,7 @@ def probe(run: Run) -> None:
                 }
                 results.setdefault(tuple(cell), []).append(result)
                 kept.setdefault(tuple(cell), (trained, x, val, test))
-    cells = []
-    for layer, pooling in matrices:
-        for architecture, balance in pairs:
-            runs = results[layer, pooling, architecture, balance]
-            cell = {"layer": layer, "pooling": pooling, "architecture": architecture, "balance": balance}
-            cells.append(cell | {key: _mean([r[key] for r in runs]) for key in runs[0]})
+    cells = _cells(results, matrices, pairs)
 
     folder = run.dir / "probes"
     folder.mkdir(parents=True, exist_ok=True)
@@ -121,7 +109,42 @@ def probe(run: Run) -> None:
     run.track("probe", {f"selected/{key}": value for key, value in chosen.items()})
     run.tracker.table("probe", "sweep", cells)
     key = (chosen["layer"], chosen["pooling"], chosen["architecture"], chosen["balance"])
-    trained, x, val, test = kept[key]
+    _save_selected(run, folder, chosen, kept[key], y)
+    run.say(selection_table(cells, chosen))
+
+
+def _known_labels(run: Run) -> list[Label]:
+    """The corpus's labels with a known utility, refused when there are none or all are on one side."""
+    labels = [label for label in iter_jsonl(run.dir / "labels.jsonl", Label) if label.utility is not None]
+    if not labels:
+        raise PropelError(f"no labels with a known utility in {run.dir / 'labels.jsonl'}: run `propel label` first")
+    if len({label.utility for label in labels}) < 2:
+        side = "inside" if labels[0].utility else "outside"
+        raise NotEnoughData(
+            f"all {len(labels)} labeled tasks are {side} the band, so there is nothing to tell apart; "
+            "label more tasks, or move label.band_low / label.band_high"
+        )
+    return labels
+
+
+def _cells(results: dict, matrices, pairs) -> list[dict]:
+    """One row per cell of the sweep: its settings and the mean of each metric over its seeds."""
+    cells = []
+    for layer, pooling in matrices:
+        for architecture, balance in pairs:
+            runs = results[layer, pooling, architecture, balance]
+            cell = {"layer": layer, "pooling": pooling, "architecture": architecture, "balance": balance}
+            cells.append(cell | {key: _mean([r[key] for r in runs]) for key in runs[0]})
+    return cells
+
+
+def _save_selected(run: Run, folder: Path, chosen: dict, cell: tuple, y) -> None:
+    """The chosen cell's head as ``probes/selected`` (temperature-scaled with ``probe.calibrate``), and its
+    reliability diagram on the held-out rows."""
+    import torch
+
+    trained, x, val, test = cell
+    config, probe_config = run.config, run.config.probe
     temperature = fit_temperature(trained.logits(x[val]), y[val]) if probe_config.calibrate else 1.0
     held_out = torch.cat([val, test])
     reliability(folder / "reliability.png", y[held_out], torch.sigmoid(trained.logits(x[held_out]) / temperature))
@@ -140,7 +163,6 @@ def probe(run: Run) -> None:
         metrics={k: v for k, v in chosen.items() if isinstance(v, float) and math.isfinite(v)},
     )
     save_bundle(folder / "selected", trained, bundle)
-    run.say(selection_table(cells, chosen))
 
 
 def _cells_done(where: list[tuple], advance):

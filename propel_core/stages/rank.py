@@ -21,7 +21,7 @@ import math
 import shutil
 from pathlib import Path
 
-from propel_core.config import PropelConfig
+from propel_core.config import ModelConfig, PropelConfig
 from propel_core.embedded import EMBEDDED_MODEL_ID, model_source
 from propel_core.errors import NotEnoughData, PropelError
 from propel_core.probes.bundles import (
@@ -32,7 +32,9 @@ from propel_core.probes.bundles import (
     reference_settings,
     save_bundle,
 )
-from propel_core.ranking import (
+from propel_core.records import Label, ProbeBundle, Task, iter_jsonl
+from propel_core.run import Run, log
+from propel_core.training.ranking import (
     fit_calibration,
     held_out_split,
     ordered_pairs,
@@ -41,9 +43,7 @@ from propel_core.ranking import (
     train_bradley_terry_lora,
     with_lora,
 )
-from propel_core.records import Label, ProbeBundle, Task, iter_jsonl
-from propel_core.run import Run, log
-from propel_core.training import lora_config
+from propel_core.training.trainer import lora_config
 
 
 def pair_score(label: Label, config: PropelConfig) -> float:
@@ -82,14 +82,7 @@ def rank(run: Run) -> None:
 
     config, settings = run.config, run.config.rank
     folder, adapter = run.dir / "ranker", (run.dir / "ranker" / "adapter").resolve()
-    if settings.labels is not None:
-        labels_path = run.dir / settings.labels  # an absolute path stays itself
-        if not labels_path.is_file() or not (labels_path.parent / "tasks.jsonl").is_file():
-            raise PropelError(f"rank.labels: {labels_path} is not a labels file with a tasks.jsonl beside it")
-    elif settings.refresh:
-        labels_path = run.input("eval/trained/labels.jsonl", "evaluate")
-    else:
-        labels_path = run.input("labels.jsonl", "label")
+    labels_path = _labels_path(run)
     texts, score_list, tasks = ranked_items(labels_path, config)
     scores = torch.tensor(score_list)
     if len(texts) < 4 or len(scores.unique()) < 2:
@@ -106,29 +99,9 @@ def rank(run: Run) -> None:
     if not train_pairs:
         raise NotEnoughData("the training items share one verifier score (per task, for attempts): no pair to learn")
 
-    start = None
-    if settings.refresh:
-        if not (folder / "probe.json").exists():
-            raise PropelError(f"no ranker in {folder} to refresh: run `propel rank` with rank.refresh=false first")
-        cell = read_bundle(folder)
-        start = load_head(folder, cell, run.registry)
-    elif (run.dir / "probes" / "selected").exists():
-        cell = read_bundle(run.dir / "probes" / "selected")
-    else:
-        cell = None
+    cell, start = _starting_cell(run, folder)
     reference = reference_of(cell) if cell else config.reference
-    lora = None
-    if settings.lora:
-        if reference.backend != "transformers":
-            raise PropelError("rank.lora trains the reference's weights: give the reference the transformers backend")
-        if reference.adapter and not settings.refresh:
-            raise PropelError(f"rank.lora trains a new adapter: the reference already carries {reference.adapter}")
-        factory = run.component("model_backends", reference.backend)  # its own copy, not the shared one
-        backend = factory(reference.with_adapter(None), **reference.options)
-        lora_settings = config.train.model_copy(update={"lora_r": settings.lora_r, "lora_alpha": settings.lora_alpha})
-        lora = with_lora(backend.model, reference.adapter, lora_config(lora_settings), config.seed)
-    else:
-        backend = run.registry.backend(reference)
+    backend, lora = _reader(run, reference)
     cell = cell or _cell(config, backend)
 
     def read(item_texts):
@@ -170,23 +143,36 @@ def rank(run: Run) -> None:
     elif not settings.refresh:
         shutil.rmtree(adapter, ignore_errors=True)  # an older LoRA ranker's
     after = _evaluate(ranker, x, scores, held_out, test_pairs)
+    architecture = settings.architecture if start is None else cell.architecture
+    _save(folder, ranker, cell, architecture, reference, x[train], scores[train], after)
+    counts = {"count": len(texts), "train_pairs": len(train_pairs), "held_out_pairs": len(test_pairs)}
+    _report(run, folder, counts, losses, before, after)
+
+
+def _save(folder: Path, ranker, cell: ProbeBundle, architecture: str, reference, x, scores, after: dict) -> None:
+    """The ranker as a probe bundle in ``folder``: read at ``cell``'s layer and pooling by ``reference``
+    (with its LoRA, if any), calibrated to the verifier's scale on its training rows ``x``, ``scores``."""
     description = cell.model_copy(
         update={
-            "architecture": settings.architecture if start is None else cell.architecture,
+            "architecture": architecture,
             "reference": reference_settings(reference),
             "input_dim": x.shape[1],
             "temperature": 1.0,
-            "training_rows": len(train),
+            "training_rows": len(x),
             "metrics": {k: v for k, v in after.items() if v == v},
-            "calibration": fit_calibration(ranker.logits(x[train]), scores[train]),
+            "calibration": fit_calibration(ranker.logits(x), scores),
         }
     )
     save_bundle(folder, ranker, description)
+
+
+def _report(run: Run, folder: Path, counts: dict[str, int], losses, before, after) -> None:
+    """``metrics.json`` (``refresh.json`` for a refresh): the ranker's held-out metrics after training
+    (and before, for a refresh), its counts and the LoRA's losses; tracked and said."""
+    settings = run.config.rank
     summary = {
         "items": settings.items,
-        "count": len(texts),
-        "train_pairs": len(train_pairs),
-        "held_out_pairs": len(test_pairs),
+        **counts,
         "refresh": settings.refresh,
         "lora": settings.lora,
         "lora_losses": losses,
@@ -194,11 +180,55 @@ def rank(run: Run) -> None:
         "after": after,
     }
     (folder / ("refresh.json" if settings.refresh else "metrics.json")).write_text(json.dumps(summary, indent=2))
-    log.info("ranker on %d %s, %d training pairs", len(texts), settings.items, len(train_pairs))
+    log.info("ranker on %d %s, %d training pairs", counts["count"], settings.items, counts["train_pairs"])
     run.track("rank", {("refresh/" if settings.refresh else "") + key: value for key, value in after.items()})
     for name, values in (("before refresh", before), ("held out", after)):
         if values:
             run.say(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))
+
+
+def _labels_path(run: Run) -> Path:
+    """The labels the ranker learns from: ``rank.labels``, else the trained policy's (a refresh), else
+    the run's corpus."""
+    settings = run.config.rank
+    if settings.labels is None:
+        return (
+            run.input("eval/trained/labels.jsonl", "evaluate")
+            if settings.refresh
+            else run.input("labels.jsonl", "label")
+        )
+    labels_path = run.dir / settings.labels  # an absolute path stays itself
+    if not labels_path.is_file() or not (labels_path.parent / "tasks.jsonl").is_file():
+        raise PropelError(f"rank.labels: {labels_path} is not a labels file with a tasks.jsonl beside it")
+    return labels_path
+
+
+def _starting_cell(run: Run, folder: Path):
+    """The cell the ranker reads and the head it starts from: a refresh's saved ranker, else the
+    selected probe's cell and a fresh head, else none yet (``_cell`` picks one)."""
+    if run.config.rank.refresh:
+        if not (folder / "probe.json").exists():
+            raise PropelError(f"no ranker in {folder} to refresh: run `propel rank` with rank.refresh=false first")
+        cell = read_bundle(folder)
+        return cell, load_head(folder, cell, run.registry)
+    selected = run.dir / "probes" / "selected"
+    return (read_bundle(selected) if selected.exists() else None), None
+
+
+def _reader(run: Run, reference: ModelConfig):
+    """The backend that reads items for the ranker, and with ``rank.lora`` the LoRA it trains in its own
+    copy of the reference (None without)."""
+    config, settings = run.config, run.config.rank
+    if not settings.lora:
+        return run.registry.backend(reference), None
+    if reference.backend != "transformers":
+        raise PropelError("rank.lora trains the reference's weights: give the reference the transformers backend")
+    if reference.adapter and not settings.refresh:
+        raise PropelError(f"rank.lora trains a new adapter: the reference already carries {reference.adapter}")
+    factory = run.component("model_backends", reference.backend)  # its own copy, not the shared one
+    backend = factory(reference.with_adapter(None), **reference.options)
+    adapter = lora_config(config.lora, r=settings.lora_r, alpha=settings.lora_alpha)
+    return backend, with_lora(backend.model, reference.adapter, adapter, config.seed)
 
 
 def _cell(config: PropelConfig, backend) -> ProbeBundle:

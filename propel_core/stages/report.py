@@ -21,11 +21,15 @@ from pathlib import Path
 from propel_core.config import dump_config
 from propel_core.evaluation import evaluation_verdict, shift_text
 from propel_core.execution import ungradable_line
-from propel_core.experiment import FEW_ROWS, FILE
 from propel_core.provenance import refusals
 from propel_core.records import Label, Task, iter_jsonl
-from propel_core.reward import COMPLETIONS
 from propel_core.run import Run
+from propel_core.training.generator_reward import COMPLETIONS
+
+#: where ``benchmarks/frontier_shift.py`` leaves the experiment's summary (``benchmarks/experiment.py``)
+EXPERIMENT = Path("experiment") / "frontier_shift.json"
+#: a metric measured on fewer rows than this is flagged as anecdotal
+FEW_ROWS = 30
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 980px; margin: 2em auto; padding: 0 1em; color: #222; }
@@ -42,7 +46,7 @@ img { max-width: 100%; } .missing { color: #a33; } .task { white-space: pre-wrap
 def report(run: Run) -> None:
     """Write one self-contained HTML page on the run -> report.html."""
     root = run.dir
-    experiment = root / "experiment" / FILE
+    experiment = root / EXPERIMENT
     if experiment.exists():
         summary = json.loads(experiment.read_text())
         folder = experiment.parent

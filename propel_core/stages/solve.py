@@ -4,8 +4,8 @@ and ``RUN/self_train/``.
 
 ``solve-train`` RL-trains the solver with LoRA (TRL's RLOO or GRPO; reward 1 when the domain's grader
 says solved, or a reward rule of the verdict's markers and verifier score, with replay and RM-GRPO's
-schedule: ``propel_core.reward.SolverRewards``) on a task set, then evaluates the untrained and the
-trained solver on held-out tasks: average score, unbiased pass@k, zero-success rate, and paired
+schedule: ``propel_core.training.solver_reward.SolverRewards``) on a task set, then evaluates the
+untrained and the trained solver on held-out tasks: average score, unbiased pass@k, zero-success rate, and paired
 per-prompt comparisons. Running it twice with different ``solve_train.tasks`` (say the trained
 generator's in-band tasks, then the base generator's tasks) and ``solve_train.baseline`` set to the
 first run's name is the downstream test of the claim that frontier tasks are better training data.
@@ -16,28 +16,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from propel_core.backend import prefill, prompt_text
 from propel_core.config import ModelConfig
-from propel_core.domain import Domain
 from propel_core.errors import NotEnoughData, PropelError
 from propel_core.evaluation import paired_comparison, pass_at_k
-from propel_core.execution import graded_attempts, graded_texts
+from propel_core.execution import graded_attempts
 from propel_core.probes.bundles import load_probe
-from propel_core.records import Context, Label, SolverAttempt, Task, iter_jsonl, to_json
-from propel_core.replay import ReplayBuffer, replaying
-from propel_core.reward import SolverRewards, verified_corpus
+from propel_core.records import Label, Task, iter_jsonl, to_json
 from propel_core.run import Run, log
-from propel_core.training import (
-    goes_on,
-    keep_steps_before,
-    load_policy,
-    lora_config,
-    prepare_folder,
-    sampled_prompts,
-    step_of,
-    train_and_save,
-    trainer_arguments,
-)
+from propel_core.training.checkpoints import goes_on, prepare_folder
+from propel_core.training.solver import fine_tune_solver, keep_clean, train_solver
+from propel_core.training.solver_reward import verified_corpus
 
 PASS_AT = (1, 4, 8, 16)
 
@@ -75,12 +63,10 @@ def split_held_out(path: Path, training: list[Task], count: int) -> tuple[list[T
 
 def solve_train(run: Run) -> None:
     """RL-train the solver on a task set and evaluate it on held-out tasks -> solve/NAME/."""
-    from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
-
     config, options = run.config, run.config.solve_train
     domain = run.domain()
     folder = run.dir / "solve" / options.name
-    resume = config.train.resume
+    resume = config.checkpoint.resume
     exists = goes_on(folder, resume)
     rule_keys = ("reward.r_bad", f"reward.options.{options.reward_rule}") if options.reward_rule else ()
     run.claim(f"solve/{options.name}", exists, rule_keys)
@@ -89,67 +75,14 @@ def solve_train(run: Run) -> None:
     held_out, tasks = split_held_out(task_file(run, options.held_out), tasks, options.held_out_tasks)
     log.info("solver training on %d tasks, evaluation on %d held-out tasks", len(tasks), len(held_out))
 
-    # the training tasks are the sampler's contexts (bucket: the task's topic), so ``progress`` can
-    # steer solver training by the verifier's rewards, as it steers generator training by the probe's
-    contexts = {str(i): Context(id=str(i), data={}, bucket=task.topic or "all") for i, task in enumerate(tasks)}
-    sampler = run.registry.context_sampler(
-        options.context_sampler, list(contexts.values()), config.seed, **options.sampler_options
-    )
-    for name in ("reward_log.jsonl", "rollouts.jsonl"):  # resuming: what the steps redone wrote goes
-        keep_steps_before(folder / name, step_of(checkpoint))
-    buffer = ReplayBuffer.of(options.replay, config.seed)
-    if buffer is not None and (options.algorithm != "grpo" or domain.multi_turn):
+    if options.replay.strategy != "none" and (options.algorithm != "grpo" or domain.multi_turn):
         raise PropelError("solve_train.replay works with algorithm grpo on a single-turn domain")
-    reward = SolverRewards(
-        domain,
-        tasks,
-        lambda attempts: graded_texts(run, attempts, config.solver),
-        folder,
-        rule=run.registry.reward_rule(options.reward_rule, config.reward) if options.reward_rule else None,
-        reward_model=load_probe(task_file(run, options.reward_model), run.registry) if options.model_steps else None,
-        verifier_steps=options.verifier_steps,
-        model_steps=options.model_steps,
-        sampler=sampler,
-        contexts=contexts,
-        replay=buffer,
-        track=lambda metrics, step: run.track(f"solve/{options.name}", metrics, step),
+    rule = run.registry.reward_rule(options.reward_rule, config.reward) if options.reward_rule else None
+    reward_model = load_probe(task_file(run, options.reward_model), run.registry) if options.model_steps else None
+    every = config.checkpoint.every
+    train_solver(
+        run, folder, tasks, options, config.solver, rule, reward_model, config.lora, config.seed, every, checkpoint
     )
-    batch = options.per_device_batch
-    tokenizer, model, path = load_policy(config.solver)
-    solver_messages = lambda context: domain.solver_prompt(tasks[int(context.id)].payload)  # noqa: E731
-    dataset = sampled_prompts(sampler, solver_messages, tokenizer, config.solver.chat_template, path)
-    config_class, trainer_class = (
-        (RLOOConfig, RLOOTrainer) if options.algorithm == "rloo" else (GRPOConfig, GRPOTrainer)
-    )
-    arguments = trainer_arguments(
-        config_class,
-        run,
-        folder,
-        f"{run.dir.name}-solve-{options.name}",
-        steps=options.steps,
-        lr=options.lr,
-        batch=batch,
-        seed=config.seed,
-        beta=options.beta,
-        num_generations=options.group_size,
-        gradient_accumulation_steps=1,
-        temperature=options.temperature,
-        max_completion_length=options.max_completion_length,
-        save_steps=config.train.checkpoint_every,
-        shuffle_dataset=False,
-    )
-    if buffer is not None:
-        trainer_class = replaying(trainer_class, buffer, options.replay.slots)
-    trainer = trainer_class(
-        model=model,
-        reward_funcs=reward,
-        args=arguments,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=lora_config(config.train),
-    )
-    train_and_save(trainer, folder, checkpoint)
-    del trainer, model
     verified = verified_corpus(folder, tasks, (config.label.band_low, config.label.band_high))
     log.info("verified rollouts: %s (rank them with rank.items=attempts rank.labels=...)", verified)
 
@@ -208,10 +141,6 @@ def solver_metrics(counts: list[int], k: int) -> dict[str, float]:
 
 def self_train(run: Run) -> None:
     """Sample K solver attempts per task, keep the verified and clean ones, fine-tune on them (SFT)."""
-    import random
-
-    from trl import SFTConfig, SFTTrainer
-
     config, options = run.config, run.config.self_train
     domain = run.domain()
     folder = run.dir / "self_train"
@@ -230,78 +159,4 @@ def self_train(run: Run) -> None:
     if not kept:
         (folder / "filter_report.json").write_text(json.dumps({"funnel": funnel}, indent=2))
         raise NotEnoughData(f"no attempt survived the filters: {funnel}")
-    tokenizer, model, _ = load_policy(config.solver)
-    rows = []
-    for task, text in kept:
-        messages = domain.solver_prompt(task.payload)
-        start = prefill(messages)  # the prompt already ends with it; the completion is the rest
-        rows.append(
-            {
-                "prompt": prompt_text(tokenizer, messages, config.solver.chat_template, "solver"),
-                "completion": text[len(start) :] + (tokenizer.eos_token or ""),
-            }
-        )
-    mixed = mix(rows, options, seed=config.seed)
-    report = {"funnel": funnel, "self_rows": len(rows), "original_rows": len(mixed) - len(rows), "rows": len(mixed)}
-    (folder / "filter_report.json").write_text(json.dumps(report, indent=2))
-    for step, count in funnel.items():
-        run.say(f"  {count:6d}  {step}")
-    run.say(f"fine-tuning on {len(mixed)} rows ({len(rows)} self-generated, {len(mixed) - len(rows)} original)")
-    from datasets import Dataset
-
-    random.Random(config.seed).shuffle(mixed)
-    arguments = trainer_arguments(
-        SFTConfig,
-        run,
-        folder,
-        f"{run.dir.name}-self-train",
-        steps=options.steps,
-        lr=options.lr,
-        batch=options.batch_size,
-        seed=config.seed,
-        save_strategy="no",
-        completion_only_loss=True,
-    )
-    trainer = SFTTrainer(
-        model=model,
-        args=arguments,
-        train_dataset=Dataset.from_list(mixed),
-        processing_class=tokenizer,
-        peft_config=lora_config(config.train),
-    )
-    train_and_save(trainer, folder)
-
-
-def keep_clean(domain: Domain, attempts: list[SolverAttempt], max_chars: int, funnel: dict[str, int]) -> list[str]:
-    """The graded attempts that pass each filter in turn (verified, within ``max_chars``, then the
-    domain's ``clean_checks``), counting in ``funnel`` what every filter keeps."""
-    survivors = []
-    for attempt in attempts:
-        funnel["sampled"] += 1
-        if not attempt.solved:
-            continue
-        funnel["verified correct"] += 1
-        if len(attempt.text) > max_chars:
-            continue
-        funnel["within self_train.max_chars"] += 1
-        for name, passed in domain.clean_checks(attempt):
-            funnel.setdefault(name, 0)
-            if not passed:
-                break
-            funnel[name] += 1
-        else:
-            survivors.append(attempt.text)
-    return survivors
-
-
-def mix(rows: list[dict], options, seed: int) -> list[dict]:
-    """The self-generated rows plus original rows (``self_train.mix_path``, prompt/completion JSONL)
-    making up ``self_train.mix_share`` of the result (the progress-aware sampling study: 30% naive, 50% clean)."""
-    import random
-
-    if not options.mix_path:
-        return list(rows)
-    original = [json.loads(line) for line in Path(options.mix_path).read_text().splitlines() if line.strip()]
-    wanted = round(len(rows) * options.mix_share / (1 - options.mix_share))
-    chosen = random.Random(seed).sample(original, min(wanted, len(original)))
-    return list(rows) + [{"prompt": row["prompt"], "completion": row["completion"]} for row in chosen]
+    fine_tune_solver(run, folder, kept, funnel, options, config.solver, config.lora, config.seed)

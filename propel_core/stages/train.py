@@ -2,9 +2,9 @@
 
 The policy is the generator model with LoRA adapters on the configured projections; the probe reads a
 separate, frozen copy of the reference model, so the reward depends on the task text alone (paper
-3.3). Writes the adapter (``train/adapter/``), checkpoints every ``train.checkpoint_every`` steps,
+3.3). Writes the adapter (``train/adapter/``), checkpoints every ``checkpoint.every`` steps,
 TRL's metrics (``train/log.jsonl``) and the scorer's per-step diagnostics (``train/reward_log.jsonl``).
-A rerun resumes from the last checkpoint when ``train.resume`` (the default) and refuses when the
+A rerun resumes from the last checkpoint when ``checkpoint.resume`` (the default) and refuses when the
 settings the checkpoint was trained with differ (``RUN/settings.json``): the train section, the reward
 rule and its options, the probe bundles it reads (by content) and, for a rule reading live solver
 utility, the solver's settings. Each reward call logs the rule's name and options and keeps a sample
@@ -15,19 +15,23 @@ Multi-GPU: ``accelerate launch -m propel_core.cli train CONFIG`` with the same c
 from __future__ import annotations
 
 from propel_core.execution import solver_labels
-from propel_core.reward import reward_reads
 from propel_core.run import Run
-from propel_core.training import goes_on, train_generator
+from propel_core.training.checkpoints import goes_on
+from propel_core.training.generator import train_generator
+from propel_core.training.generator_reward import reward_reads
 
 
 def train(run: Run) -> None:
     """GRPO + LoRA on the generator with the probe reward -> train/ (adapter, logs); a rerun goes on
-    from the last checkpoint (``train.resume: false`` starts over)."""
+    from the last checkpoint (``checkpoint.resume: false`` starts over)."""
     config = run.config
     folder = run.dir / "train"
-    resume = config.train.resume
+    resume = config.checkpoint.resume
     # what the folder holds counts before anything goes: a checkpoint, or a finished adapter (resuming)
     exists = goes_on(folder, resume)
     run.claim("train", exists, *reward_reads(run, config.reward))  # rule, options, bundles
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
-    train_generator(run, folder, config.generator, config.train, config.reward, config.seed, solve, resume)
+    every = config.checkpoint.every
+    train_generator(
+        run, folder, config.generator, config.train, config.lora, config.reward, config.seed, every, solve, resume
+    )

@@ -53,7 +53,7 @@ def mle_run(folder, registry, **solve_train):
         "domain": {"name": "mle", "options": {"time_limit": 30.0}},
         "executor": {"workers": 2},
         "solver": {"batch_size": 4, "sampling": {"temperature": 1.0, "max_new_tokens": 40}},
-        "train": {"resume": False},
+        "checkpoint": {"resume": False},
         "solve_train": {
             "tasks": "mle/tasks.jsonl",
             "held_out": "mle/tasks.jsonl",
@@ -147,7 +147,7 @@ def test_a_model_step_scores_what_looks_valid_with_the_calibrated_ranker(tmp_pat
     nothing runs, the valid-looking script gets the ranker's calibrated score, the other -10."""
     from propel_core.config import RewardConfig
     from propel_core.probes.bundles import load_probe
-    from propel_core.reward import SolverRewards
+    from propel_core.training.solver_reward import SolverRewards
     from propel_plugins.rewards import partial_instrumentation
 
     ranker = load_probe(planted_ranker(tmp_path, registry), registry)

@@ -17,7 +17,8 @@ from propel_core.probes.heads import TrainedProbe
 from propel_core.records import ProbeBundle
 from propel_core.run import Run
 from propel_core.stages.train import train
-from propel_core.training import EpisodeRollouts, load_policy
+from propel_core.training.generator import EpisodeRollouts
+from propel_core.training.trainer import load_policy
 
 pytestmark = pytest.mark.slow
 
@@ -70,10 +71,10 @@ def swe_run(tiny_repo, test_env, tmp_path_factory):
             "max_turn_tokens": 24,
             "loss_type": "dapo",
             "overlong_buffer": 16,
-            "checkpoint_every": 100,
             "lr": 1e-3,
             "gradient_checkpointing": False,
         },
+        "checkpoint": {"every": 100},
     }
     return Run(validate_config(data, registry), registry, quiet=True)
 

@@ -1,6 +1,7 @@
 """The frontier-shift experiment's bookkeeping (a miniature of the paper's Figure 2 and Table 3).
 
-``benchmarks/frontier_shift.py`` runs the experiment; this module turns its files into one summary:
+``benchmarks/frontier_shift.py`` runs the experiment; this module, beside it, turns its files into one
+summary (the report stage reads the summary's file, ``RUN/experiment/frontier_shift.json``):
 utility and the paper's other metrics per arm with standard errors across RL seeds, each trained
 arm against base (a two-level paired bootstrap over seeds and contexts), solver trials and wall time
 per arm, the probe's quality on held-out rows and on each arm's own tasks, and training curves.
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from propel_core.errors import PropelError
 from propel_core.evaluation import arm_metrics, paired_comparison, per_context_utility, verdict_sentence
+from propel_core.provenance import differences, flat
 from propel_core.records import Label, Task, iter_jsonl
 
 #: the arms and the reward rule each trains with (base is not trained)
@@ -33,8 +35,6 @@ PROBE_ARMS = ("hard", "wco")
 SEED_METRICS = ("utility", "valid_rate", "self_bleu_3", "distinct_3", "top_topic_share")
 #: per-step training diagnostics: reward_log.jsonl's keys, and TRL's kl
 CURVE_KEYS = ("reward_mean", "reward_std", "validity_rate", "degenerate_groups", "kl")
-#: a metric measured on fewer rows than this is flagged as anecdotal in the report
-FEW_ROWS = 30
 FILE = "frontier_shift.json"
 log = logging.getLogger("propel")
 
@@ -49,7 +49,7 @@ class Timings:
         self.data: dict = json.loads(path.read_text()) if path.exists() else {}
         made_with = self.data.setdefault("config", config)
         if made_with != config:
-            changed = ", ".join(sorted(_differences(made_with, config)))
+            changed = ", ".join(differences(flat(made_with), flat(config)))
             raise PropelError(
                 f"{path.parent} was made with other settings ({changed}): use another run_dir, "
                 f"or delete {path} to redo every piece"
@@ -84,19 +84,6 @@ class Timings:
         temporary = self.path.with_suffix(".tmp")
         temporary.write_text(json.dumps(self.data, indent=2))
         os.replace(temporary, self.path)
-
-
-def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested dicts."""
-    keys = set(a) | set(b)
-    out = []
-    for key in keys:
-        left, right = a.get(key), b.get(key)
-        if isinstance(left, dict) and isinstance(right, dict):
-            out += _differences(left, right, f"{prefix}{key}.")
-        elif left != right:
-            out.append(f"{prefix}{key}: {left!r} -> {right!r}")
-    return out
 
 
 def read_lines(path: Path) -> list[dict]:

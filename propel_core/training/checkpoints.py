@@ -1,0 +1,84 @@
+"""Checkpoints and resume: where a training goes on from, what a resumed run keeps of its logs, and the
+adapter it saves at the end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from propel_core.run import log
+from propel_core.training.generator_reward import COMPLETIONS
+
+
+def last_checkpoint(folder: Path) -> Path | None:
+    """The folder's checkpoint of the most steps (TRL's ``checkpoint-N``), if any."""
+    found = [
+        path
+        for path in Path(folder).glob("checkpoint-*")
+        if path.name.split("-")[-1].isdigit() and (path / "trainer_state.json").exists()  # saved whole
+    ]
+    return max(found, key=step_of, default=None)
+
+
+def step_of(checkpoint: Path | None) -> int:
+    """The optimizer steps a checkpoint was saved after (0 for none)."""
+    return int(checkpoint.name.split("-")[-1]) if checkpoint is not None else 0
+
+
+def goes_on(folder: Path, resume: bool) -> bool:
+    """Whether a training into ``folder`` adds to what is there (for ``Run.claim``): resuming, and the
+    folder holds a checkpoint or a finished adapter (its checkpoints removed to free the disk)."""
+    return resume and (last_checkpoint(folder) is not None or (folder / "adapter").exists())
+
+
+def prepare_folder(folder: Path, resume: bool) -> Path | None:
+    """The checkpoint a training run goes on from (``resume`` and the folder has one); starting over,
+    the old checkpoints, adapter and logs are removed first, so no later resume picks up a checkpoint of
+    another run and nothing reads an old adapter as the new training's while it runs (or after it
+    failed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    checkpoint = last_checkpoint(folder) if resume else None
+    if checkpoint is None:
+        for old in [*folder.glob("checkpoint-*"), folder / "adapter"]:
+            shutil.rmtree(old, ignore_errors=True)
+        for log_path in ("log.jsonl", "reward_log.jsonl", COMPLETIONS, "rollouts.jsonl"):
+            (folder / log_path).unlink(missing_ok=True)
+    return checkpoint
+
+
+def keep_steps_before(log_path: Path, step: int) -> None:
+    """Drop a per-step log's entries (the reward log, the completions) of steps a resumed run will redo
+    (``step`` and later)."""
+    if not log_path.exists():
+        return
+    kept = []
+    for line in log_path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] < step:
+                kept.append(line)
+        except (ValueError, KeyError):  # a line torn by the kill
+            continue
+    log_path.write_text("".join(line + "\n" for line in kept))
+
+
+def train_and_save(trainer, folder: Path, checkpoint: Path | None = None) -> None:
+    """Run a TRL trainer (from ``checkpoint`` when given), save its LoRA adapter to ``folder/adapter``
+    and its metrics to ``log.jsonl``. A checkpoint at the last step is the result itself: nothing
+    trains again, its adapter and log are kept."""
+    if checkpoint is not None and step_of(checkpoint) >= trainer.args.max_steps:
+        log.info("%s is at the last step (%d): nothing to train", checkpoint, trainer.args.max_steps)
+        shutil.rmtree(folder / "adapter", ignore_errors=True)
+        (folder / "adapter").mkdir()
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            shutil.copy(checkpoint / name, folder / "adapter" / name)
+        history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    else:
+        if checkpoint is not None:
+            log.info("resuming from %s (checkpoint.resume: false starts over)", checkpoint)
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        trainer.save_model(str(folder / "adapter"))
+        history = trainer.state.log_history
+    with (folder / "log.jsonl").open("w") as handle:
+        for entry in history:
+            handle.write(json.dumps(entry) + "\n")

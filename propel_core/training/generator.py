@@ -1,0 +1,227 @@
+"""The generator's GRPO loop: the train stage, co-evolution and the frontier-shift experiment all call
+:func:`train_generator`, with their own reward rule, probes, seed and folder. Multi-turn domains roll
+out whole episodes (:class:`EpisodeRollouts`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from propel_core.config import LoraConfig, ModelConfig, RewardConfig, TrainConfig
+from propel_core.errors import PropelError
+from propel_core.records import Context, Label, Task
+from propel_core.run import Run, log
+from propel_core.training.checkpoints import keep_steps_before, prepare_folder, step_of, train_and_save
+from propel_core.training.generator_reward import COMPLETIONS, main_probe, reward_scorer
+from propel_core.training.replay import ReplayBuffer, replaying
+from propel_core.training.trainer import (
+    checkpointing_argument,
+    load_policy,
+    lora_config,
+    sampled_prompts,
+    trainer_arguments,
+)
+
+
+def train_generator(
+    run: Run,
+    folder: Path,
+    generator: ModelConfig,
+    train_config: TrainConfig,
+    lora: LoraConfig,
+    reward: RewardConfig,
+    seed: int,
+    checkpoint_every: int,
+    solve: Callable[[list[Task]], list[Label]] | None = None,
+    resume: bool = False,
+) -> None:
+    """GRPO + LoRA (``lora``) on ``generator`` with the reward rule and probes of ``reward`` -> ``folder``
+    (``adapter/``, ``log.jsonl``, ``reward_log.jsonl``, a checkpoint every ``checkpoint_every`` steps).
+    ``seed`` seeds the context sampler and the trainer; ``solve`` labels tasks with live solver runs,
+    for a rule that needs ``solver_utility``. With ``resume``, training goes on from the folder's last
+    checkpoint (the policy's adapter, optimizer, schedule and random state; the reward log keeps the
+    steps before it), else starts over."""
+    from trl import GRPOTrainer
+
+    domain = run.domain()
+    _check(domain, train_config)
+    replay = train_config.replay
+    buffer = ReplayBuffer.of(replay, seed)
+    trainer_class = replaying(GRPOTrainer, buffer, replay.slots) if buffer else GRPOTrainer  # checks TRL's shape
+    sampler = run.context_sampler(seed)
+    scorer = reward_scorer(run, reward, train_config, main_probe(run, reward), solve, sampler=sampler, replay=buffer)
+    checkpoint = prepare_folder(folder, resume)
+    scorer.log_path = folder / "reward_log.jsonl"
+    for log_path in (scorer.log_path, folder / COMPLETIONS):
+        keep_steps_before(log_path, step_of(checkpoint))
+
+    tokenizer, policy, path = load_policy(generator)
+    contexts_by_prompt: dict[str, Context] = {}
+    dataset = sampled_prompts(
+        sampler, domain.generator_prompt, tokenizer, generator.chat_template, path, contexts_by_prompt
+    )
+    arguments = _grpo_arguments(run, folder, train_config, seed, checkpoint_every)
+    multi_turn = {"rollout_func": EpisodeRollouts(domain, tokenizer, contexts_by_prompt, train_config, seed)}
+    reward_funcs = [scorer]
+    if train_config.overlong_buffer:
+        from trl.rewards import get_soft_overlong_punishment
+
+        reward_funcs.append(
+            get_soft_overlong_punishment(train_config.max_completion_length, train_config.overlong_buffer)
+        )
+    trainer = trainer_class(
+        model=policy,
+        reward_funcs=reward_funcs,
+        args=arguments,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(lora),
+        **(multi_turn if domain.multi_turn else {}),
+    )
+    generation_batch = train_config.per_device_batch * train_config.gradient_accumulation
+    prompts = generation_batch // train_config.group_size
+    log.info("GRPO: %d steps, %d prompts x %d generations each", train_config.steps, prompts, train_config.group_size)
+    train_and_save(trainer, folder, checkpoint)
+    rewards = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
+    run.say(
+        f"trained {train_config.steps} steps; reward mean first {rewards[0]['reward_mean']:.3f}, "
+        f"last {rewards[-1]['reward_mean']:.3f}; adapter in {folder / 'adapter'}"
+    )
+
+
+def _check(domain, train_config: TrainConfig) -> None:
+    """Refuse, before any model loads, a domain with no generator model to train, a generation batch
+    that is not whole groups, and replay on a multi-turn domain."""
+    if not domain.uses_generator_model:
+        raise PropelError(
+            f"domain {domain.name!r} writes its tasks with no model (its generator is a program, "
+            "e.g. swe's generator: procedural): there is no generator model to train"
+        )
+    generation_batch = train_config.per_device_batch * train_config.gradient_accumulation
+    if generation_batch % train_config.group_size:
+        raise PropelError(
+            f"train.per_device_batch x train.gradient_accumulation ({generation_batch}) must be a multiple of "
+            f"train.group_size ({train_config.group_size})"
+        )
+    if domain.multi_turn and train_config.replay.strategy != "none":
+        raise PropelError("train.replay works with single-turn domains; set train.replay.strategy: none")
+
+
+def _grpo_arguments(run: Run, folder: Path, train_config: TrainConfig, seed: int, checkpoint_every: int):
+    """TRL's GRPOConfig for ``train``'s settings."""
+    from trl import GRPOConfig
+
+    return trainer_arguments(
+        GRPOConfig,
+        run,
+        folder,
+        run.dir.name,
+        steps=train_config.steps,
+        lr=train_config.lr,
+        batch=train_config.per_device_batch,
+        seed=seed,
+        beta=train_config.beta,
+        num_generations=train_config.group_size,
+        gradient_accumulation_steps=train_config.gradient_accumulation,
+        temperature=train_config.temperature,
+        top_p=train_config.top_p,
+        top_k=train_config.top_k,
+        max_completion_length=train_config.max_completion_length,
+        loss_type=train_config.loss_type,
+        mask_truncated_completions=train_config.mask_truncated_completions,
+        **{checkpointing_argument(GRPOConfig): train_config.gradient_checkpointing},
+        epsilon=train_config.epsilon_low,
+        epsilon_high=train_config.epsilon_high,
+        save_steps=checkpoint_every,
+        use_vllm=train_config.use_vllm,
+        vllm_mode=train_config.vllm_mode,
+        vllm_server_base_url=train_config.vllm_server_base_url,
+        shuffle_dataset=False,  # a shuffle buffer would draw a thousand prompts ahead of the rewards
+    )
+
+
+class EpisodeRollouts:
+    """TRL's ``rollout_func`` for multi-turn domains: each prompt becomes one episode of the domain
+    (an agent acting in its sandbox), with the policy answering every turn.
+
+    The completion is the whole trajectory in tokens: the policy's turns (``env_mask`` 1, trained)
+    and the tool results between them, in the chat template's framing (``env_mask`` 0, not trained).
+    The episode's trajectory text rides along as ``generation`` for the reward function, which
+    parses and verifies it and has the probe read the finished trajectory. Once the trajectory
+    reaches ``train.max_completion_length`` tokens the policy is not asked again; the reward scorer
+    gives such an episode ``reward.overflow_reward``.
+    """
+
+    def __init__(self, domain, tokenizer, contexts_by_prompt: dict[str, Context], train_config: TrainConfig, seed):
+        self.domain, self.tokenizer, self.contexts = domain, tokenizer, contexts_by_prompt
+        self.config, self.seed, self.calls = train_config, seed, 0
+
+    def __call__(self, prompts: list[str], trainer) -> dict:
+        unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+        out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "env_mask": [], "generation": []}
+        for prompt in prompts:
+            self.calls += 1
+            turns = TokenTurns(unwrapped, self.tokenizer, prompt, self.config)
+            generation = self.domain.episode(self.contexts[prompt], turns.reply, self.seed + self.calls)
+            out["prompt_ids"].append(turns.prompt_ids)
+            out["completion_ids"].append(turns.completion_ids)
+            out["env_mask"].append(turns.env_mask)
+            out["generation"].append(generation)
+        out["logprobs"] = None
+        return out
+
+
+class TokenTurns:
+    """A ``Reply`` that samples each turn from a Hugging Face model and keeps the token sequence."""
+
+    def __init__(self, model, tokenizer, prompt: str, config: TrainConfig):
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        self.completion_ids: list[int] = []
+        self.env_mask: list[int] = []
+
+    def reply(self, messages: list[dict[str, str]]) -> str:
+        import torch
+
+        if self.completion_ids:  # the tool results since the last turn, framed as the chat template frames them
+            self._extend(self._between(messages), trained=False)
+        room = self.config.max_completion_length - len(self.completion_ids)
+        if room <= 0:
+            return "```"  # an unfinished call: the episode ends with stop reason `length`
+        config = self.config
+        ids = torch.tensor([self.prompt_ids + self.completion_ids], device=self.model.device)
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                top_k=config.top_k,
+                max_new_tokens=min(config.max_turn_tokens, room),
+                pad_token_id=self.tokenizer.pad_token_id,
+                use_cache=True,
+            )
+        self.model.train(was_training)
+        new = out[0, ids.shape[1] :].tolist()
+        self._extend(new, trained=True)
+        return self.tokenizer.decode(new, skip_special_tokens=True)
+
+    def _between(self, messages: list[dict[str, str]]) -> list[int]:
+        """Tokens that close the last assistant turn and frame the messages after it, up to the next
+        assistant turn's opening."""
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        before = self.tokenizer.apply_chat_template(messages[: last + 1], tokenize=False)
+        after = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        closing = before[before.rindex(messages[last]["content"]) + len(messages[last]["content"]) :]
+        eos = self.tokenizer.eos_token or ""
+        if self.completion_ids and self.completion_ids[-1] == self.tokenizer.eos_token_id:
+            closing = closing.removeprefix(eos)
+        return self.tokenizer(closing + after[len(before) :], add_special_tokens=False)["input_ids"]
+
+    def _extend(self, ids: list[int], trained: bool) -> None:
+        self.completion_ids += ids
+        self.env_mask += [int(trained)] * len(ids)

@@ -1,0 +1,253 @@
+"""The generator's reward: the RL reward of generated tasks, from validity and probe scores, with no solver.
+
+Plugged into TRL's GRPOTrainer as a reward function. Each call parses the batch's completions into
+tasks, runs the domain's validity predicates, scores the rendered tasks with the probe bundle(s)
+through the frozen reference model (one truncated forward pass per batch; the reference is a
+separate model instance that is never the policy and never receives gradients), and applies the
+configured reward rule. A completion cut off at the length limit gets ``reward.overflow_reward``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from propel_core.config import RewardConfig, TrainConfig
+from propel_core.contracts import ContextSampler, RewardRule, reads_probe
+from propel_core.domain import Domain, make_task
+from propel_core.errors import PropelError
+from propel_core.probes.bundles import ProbeScorer, load_probe
+from propel_core.provenance import folder_digest
+from propel_core.records import Context, Label, Task, to_json
+from propel_core.training.feedback import FeedsBack, generations
+from propel_core.training.replay import ReplayBuffer
+
+if TYPE_CHECKING:
+    from propel_core.run import Run
+
+
+#: completions kept per reward call (``completions.jsonl``), and the characters kept of each
+SAMPLED, SAMPLED_CHARS = 4, 4000
+
+
+COMPLETIONS = "completions.jsonl"
+
+
+#: the settings a reward reading live solver utility depends on (it labels as the label stage does)
+SOLVER_KEYS = ("solver", "label.k", "label.band_low", "label.band_high", "label.min_valid_attempts")
+
+
+class RewardScorer(FeedsBack):
+    """The reward function GRPO calls: ``rule`` on each generation's task and the scores it needs.
+
+    ``probes`` are the loaded bundles (main first); ``solve`` labels valid tasks with live solver
+    runs, for a rule whose ``needs`` holds ``solver_utility``. A completion of
+    ``max_completion_length`` tokens or more gets ``overflow_reward``. With ``sampler`` the contexts'
+    rewards go back to it; with ``replay`` fresh generations are offered to the buffer; with
+    ``log_path`` each call appends its diagnostics there (groups of ``group_size``), under the rule's
+    name and options (``rule_name``, ``rule_options``), and a sample of its completions with their
+    rewards to ``completions.jsonl`` beside it.
+    """
+
+    def __init__(
+        self,
+        domain: Domain,
+        rule: RewardRule,
+        probes: list[ProbeScorer] = (),
+        *,
+        rule_name: str,
+        rule_options: dict[str, Any],
+        overflow_reward: float,
+        max_completion_length: int,
+        group_size: int,
+        solve: Callable[[list[Task]], list[Label]] | None = None,
+        log_path: Path | None = None,
+        sampler: ContextSampler | None = None,
+        replay: ReplayBuffer | None = None,
+    ):
+        self.domain, self.rule, self.probes, self.needs = domain, rule, list(probes), rule.needs
+        self.rule_name, self.rule_options = rule_name, dict(rule_options)
+        self.__name__ = rule_name  # TRL names the reward's metrics after it: rewards/<rule>/mean
+        if domain.registry is None:
+            raise PropelError("the reward scorer needs a domain built by a registry (Registry.domain)")
+        self.predicates = domain.registry.validity_predicates(domain)
+        self.contexts = {context.id: context for context in domain.contexts()}
+        if reads_probe(rule) and not self.probes:
+            raise PropelError("the reward rule reads probe scores, but no probe bundle was given")
+        if "solver_utility" in self.needs and solve is None:
+            raise PropelError("the reward rule reads live solver utility, but no solver was given")
+        self.overflow_reward, self.max_completion_length = overflow_reward, max_completion_length
+        self.group_size, self.solve = group_size, solve
+        self.log_path = log_path
+        self.sampler, self.replay = sampler, replay
+        self.calls = 0
+        self.solver_attempts = 0  # solver runs of the last call (solver_in_the_loop)
+
+    def __call__(
+        self,
+        prompts,
+        completions,
+        context_id=None,
+        completion_ids=None,
+        trainer_state=None,
+        prefill=None,
+        generation=None,
+        **_,
+    ) -> list[float]:
+        """``generation``: a multi-turn domain's whole trajectories (from the episode rollouts), which
+        replace prefill + completion as what the task is parsed from."""
+        step = self.step(trainer_state)
+        texts = generation or generations(prompts, completions, prefill)
+        tasks = [self.task(i, step, text, context_id) for i, text in enumerate(texts)]
+        scores = self.scores(tasks)
+        overflowed = [ids is not None and len(ids) >= self.max_completion_length for ids in completion_ids or []]
+        overflowed = overflowed or [False] * len(tasks)
+        rewards = [
+            self.overflow_reward if overflowed[i] else self.rule(task, scores[i]) for i, task in enumerate(tasks)
+        ]
+        replayed = self.feed_back(step, prompts, completions, completion_ids, context_id, rewards)
+        self.log(step, tasks, rewards, scores, replayed)
+        if self.log_path is not None:
+            with self.log_path.with_name(COMPLETIONS).open("a") as handle:
+                handle.write(to_json(self.sample(step, tasks, rewards, scores, overflowed)) + "\n")
+        return rewards
+
+    def task(self, i: int, step: int, generation: str, context_ids) -> Task:
+        """The task that generation ``i`` of this step is."""
+        context = self.contexts.get(context_ids[i]) if context_ids else None
+        context = context or Context(id="unknown", data={})
+        return make_task(f"rl-{step}-{i}", self.domain, context, generation, "policy", self.predicates)
+
+    def scores(self, tasks: list[Task]) -> list[dict[str, Any]]:
+        """The scores the rule needs: probe scores of every task the reference can read (valid or not:
+        probe_only needs both), the live solver utility and the domain's verifier score of every valid
+        task, the number of workflow markers every generation reached."""
+        out: list[dict[str, Any]] = [{} for _ in tasks]
+        if reads_probe(self.rule):
+            self.probe_scores(tasks, out)
+        if "solver_utility" in self.needs:
+            for i, utility in self.solver_utilities(tasks).items():
+                out[i]["solver_utility"] = utility
+        for i, task in enumerate(tasks):
+            if "markers" in self.needs:
+                out[i]["markers"] = len(self.domain.markers_reached(task.generation))
+            if "verifier_score" in self.needs and task.validity.valid:
+                score = self.domain.verifier_score(task.payload)
+                if score is None:
+                    raise PropelError(
+                        f"domain {self.domain.name!r} gives no verifier score; set reward.options."
+                        "partial_instrumentation.valid_score to one of logit, probability, solver_utility"
+                    )
+                out[i]["verifier_score"] = score
+        return out
+
+    def solver_utilities(self, tasks: list[Task]) -> dict[int, float]:
+        """Utility from K real solver attempts per valid task, graded as the label stage does."""
+        position = {task.id: i for i, task in enumerate(tasks)}
+        labels = self.solve([task for task in tasks if task.validity.valid])
+        self.solver_attempts = sum(len(label.attempts) for label in labels)
+        return {position[label.task_id]: float(label.utility or 0) for label in labels}  # too few gradable: 0
+
+    def probe_scores(self, tasks: list[Task], out: list[dict[str, Any]]) -> None:
+        readable = [i for i, task in enumerate(tasks) if task.text is not None]
+        if not readable:
+            return
+        per_probe = [probe.score([tasks[i].text for i in readable]) for probe in self.probes]
+        for position, i in enumerate(readable):
+            main = per_probe[0][position]
+            out[i] = {
+                "logit": main["logit"],
+                "probability": main["probability"],
+                "ensemble_logits": [scored[position]["logit"] for scored in per_probe],
+            }
+            if len(per_probe) > 1:
+                out[i]["auxiliary_logit"] = per_probe[1][position]["logit"]
+
+    def log(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], replayed: int = 0) -> None:
+        """Reward mean/std, validity rate, degenerate groups (all rewards equal), probe score spread,
+        and the solver runs the call spent when the rule reads live solver utility."""
+        group = self.group_size
+        groups = [rewards[i : i + group] for i in range(0, len(rewards), group)]
+        probabilities = [s["probability"] for s in scores if "probability" in s]
+        entry = {
+            "step": step,
+            "reward_mean": statistics.fmean(rewards),
+            "reward_std": statistics.pstdev(rewards),
+            "validity_rate": sum(task.validity.valid for task in tasks) / len(tasks),
+            "degenerate_groups": sum(len(set(g)) == 1 for g in groups) / len(groups),
+            "probe_probability_mean": statistics.fmean(probabilities) if probabilities else None,
+            "probe_probability_std": statistics.pstdev(probabilities) if probabilities else None,
+        }
+        if "solver_utility" in self.needs:
+            entry["solver_attempts"] = self.solver_attempts
+        entry |= {"rule": self.rule_name, "rule_options": self.rule_options}
+        self.write_log(entry, replayed)
+
+    def sample(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], overflowed: list[bool]):
+        """``SAMPLED`` of the call's completions, spread over the batch, with their rewards (and whether
+        each hit the length limit, which earns ``overflow_reward`` whatever the rule says)."""
+        every = max(1, len(tasks) // SAMPLED)
+        return {
+            "step": step,
+            "rule": self.rule_name,
+            "completions": [
+                {
+                    "generation": tasks[i].generation[:SAMPLED_CHARS],
+                    "reward": rewards[i],
+                    "valid": tasks[i].validity.valid,
+                    "reason": tasks[i].validity.reason,
+                    "probability": scores[i].get("probability"),
+                    "overflow": overflowed[i],
+                }
+                for i in range(0, len(tasks), every)[:SAMPLED]
+            ],
+        }
+
+
+def main_probe(run: Run, reward: RewardConfig) -> Path:
+    """The probe bundle the rule reads: ``reward.main_probe``, else the run's selected one."""
+    return Path(reward.main_probe) if reward.main_probe else run.dir / "probes" / "selected"
+
+
+def reward_reads(run: Run, reward: RewardConfig) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """What a training's reward depends on beyond its ``reward.*`` settings, for ``RUN/settings.json``:
+    the config keys (the rule's own options; the solver's and the label stage's, for a rule reading
+    live solver utility) and the content of each probe bundle the rule reads (whatever its path)."""
+    rule = run.registry.reward_rule(reward.rule, reward)
+    keys = (f"reward.options.{reward.rule}", *(SOLVER_KEYS if "solver_utility" in rule.needs else ()))
+    bundles = [main_probe(run, reward), *map(Path, reward.probes)] if reads_probe(rule) else []
+    return keys, {"reward.bundles": [folder_digest(bundle) for bundle in bundles]}
+
+
+def reward_scorer(
+    run: Run,
+    reward: RewardConfig,
+    train: TrainConfig,
+    main_probe: Path,
+    solve: Callable[[list[Task]], list[Label]] | None = None,
+    **options: Any,
+) -> RewardScorer:
+    """The reward function GRPO gets under ``reward`` (rule and extra probes) and ``train`` (length
+    limit, group size): the rule built once, and the probe bundles (``main_probe`` first, then
+    ``reward.probes``) loaded only when the rule reads them. ``options``: ``log_path``, ``sampler``,
+    ``replay``."""
+    rule = run.registry.reward_rule(reward.rule, reward)
+    probes = []
+    if reads_probe(rule):
+        if not (Path(main_probe) / "probe.json").exists():
+            raise PropelError(f"no probe bundle in {main_probe}: run `propel probe` first")
+        probes = [load_probe(path, run.registry) for path in [main_probe, *reward.probes]]
+    return RewardScorer(
+        run.domain(),
+        rule,
+        probes,
+        rule_name=reward.rule,
+        rule_options=reward.options.get(reward.rule, {}),
+        overflow_reward=reward.overflow_reward,
+        max_completion_length=train.max_completion_length,
+        group_size=train.group_size,
+        solve=solve,
+        **options,
+    )
