@@ -215,6 +215,23 @@ class ReplayConfig(Section):
     capacity: int = Field(8, gt=0, description="generations kept per prompt (the best)")
 
 
+class AuditConfig(Section):
+    """Real solver labels of the policy's own tasks while it trains (``propel_core/training/audit.py``)."""
+
+    every: int = Field(0, ge=0, description="audit every N steps (0: no audit)")
+    tasks: int = Field(16, gt=0, description="tasks of the step's generations labeled per audit")
+    k: int | None = Field(
+        None, gt=0, description="solver attempts per audited task; null: label.k, the K the probe learned the band at"
+    )
+    stop_gap: float | None = Field(
+        None, gt=0, le=1, description="stop when |probe probability - real in-band rate| exceeds this"
+    )
+    stop_after: int = Field(2, gt=0, description="... in this many audits in a row")
+    stop_drop: float | None = Field(
+        None, gt=0, le=1, description="stop when audited utility falls this far below its best"
+    )
+
+
 class TrainConfig(Section):
     steps: int = Field(50, gt=0)
     lr: float = Field(5e-5, gt=0)
@@ -241,6 +258,7 @@ class TrainConfig(Section):
     )
     vllm_server_base_url: str | None = None
     replay: ReplayConfig = ReplayConfig()
+    audit: AuditConfig = AuditConfig()
 
 
 class LoraConfig(Section):
@@ -266,6 +284,9 @@ class CheckpointConfig(Section):
 class EvaluateConfig(Section):
     num_tasks: int = Field(1024, gt=0)
     k: int = Field(8, gt=0)
+    adapter: Literal["final", "best_audited"] = Field(
+        "final", description="the trained arm: train/adapter, or the one with the best audited utility (train.audit)"
+    )
 
 
 class CoevolveConfig(Section):

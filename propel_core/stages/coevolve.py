@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from propel_core.config import CoevolveConfig, ProbeConfig
-from propel_core.errors import NotEnoughData
+from propel_core.errors import NotEnoughData, PropelError
 from propel_core.execution import solver_labels
 from propel_core.probes.activations import labeled_rows
 from propel_core.probes.bundles import load_probe
@@ -51,11 +51,25 @@ def coevolve(run: Run) -> None:
     )
 
 
+def policy_rows(run: Run) -> tuple[list[Task], dict[str, Label]]:
+    """The trained policy's solver-labeled tasks: the evaluation's (``eval/trained``) and the audits'
+    of its training (``train/audit``, ``train.audit``), whichever exist."""
+    folders = [run.dir / "eval" / "trained", run.dir / "train" / "audit"]
+    found = [folder for folder in folders if (folder / "labels.jsonl").exists()]
+    if not found:
+        raise PropelError(
+            f"no solver labels of the trained policy's tasks in {folders[0]} or {folders[1]}: run "
+            "`propel evaluate`, or train with train.audit.every"
+        )
+    labels = {label.task_id: label for folder in found for label in iter_jsonl(folder / "labels.jsonl", Label)}
+    tasks = [task for folder in found for task in iter_jsonl(folder / "tasks.jsonl", Task) if task.id in labels]
+    return tasks, labels
+
+
 def false_positives(run: Run, main, config: CoevolveConfig) -> list[Task]:
     """Valid tasks of the trained policy the probe scores in band whose real solve count is not,
     plus, when configured, the valid tasks of the policy's most common topic."""
-    labels = {label.task_id: label for label in iter_jsonl(run.input("eval/trained/labels.jsonl", "evaluate"), Label)}
-    tasks = [task for task in iter_jsonl(run.dir / "eval" / "trained" / "tasks.jsonl", Task) if task.id in labels]
+    tasks, labels = policy_rows(run)
     scores = main.score([task.text for task in tasks]) if tasks else []
     mined = [
         task

@@ -39,7 +39,9 @@ TABLE = (
 
 def adapters(run: Run) -> dict[str, Path | None]:
     """The arms to compare: the base generator and every trained adapter in the run folder."""
-    trained = run.input("train/adapter", made_by="train")
+    trained = run.input(
+        "train/best_audited" if run.config.evaluate.adapter == "best_audited" else "train/adapter", "train"
+    )
     arms: dict[str, Path | None] = {"base": None, "trained": trained}
     coevolved = run.dir / "coevolve" / "train" / "adapter"
     if coevolved.exists():

@@ -24,6 +24,7 @@ from propel_core.execution import ungradable_line
 from propel_core.provenance import refusals
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run
+from propel_core.training.audit import read_records
 from propel_core.training.generator_reward import COMPLETIONS
 
 #: where ``benchmarks/frontier_shift.py`` leaves the experiment's summary (``benchmarks/experiment.py``)
@@ -331,7 +332,55 @@ def training_section(root: Path) -> str:
     entries = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     curves = root / "train" / "curves.png"
     training_curves(curves, entries)
-    return rules_line(entries) + image(curves, "training curves") + completions_table(root / "train" / COMPLETIONS)
+    section = rules_line(entries) + image(curves, "training curves") + audit_section(root / "train", entries)
+    return section + completions_table(root / "train" / COMPLETIONS)
+
+
+def audit_section(folder: Path, entries: list[dict]) -> str:
+    """The audits (``train.audit``): the probe's mean probability per step beside the real in-band rate
+    and utility the solver found on the audited tasks, with their intervals, and a row per audit."""
+    audits = read_records(folder)
+    if not audits:
+        return ""
+    figure = folder / "audit.png"
+    audit_curves(figure, entries, audits)
+    keys = ["step", "utility", "in_band_rate", "probe_probability", "gap", "auroc", "valid_rate", "trials", "seconds"]
+    rows = [
+        [audit.get(key) for key in keys] if "error" not in audit else [audit["step"], f"failed: {audit['error']}"]
+        for audit in audits
+    ]
+    trials = sum(audit.get("trials", 0) for audit in audits)
+    return (
+        f"<h3>Audits: the real solver on the policy's own tasks ({len(audits)} audits, {trials} solver trials)</h3>"
+        + image(figure, "probe reward and audited utility per step")
+        + rows_table(keys, rows)
+    )
+
+
+def audit_curves(path: Path, entries: list[dict], audits: list[dict]) -> None:
+    """Per step: the reward log's mean probe probability, and each audit's in-band rate and utility
+    (with a 95% interval)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 3.5))
+    probed = [e for e in entries if e.get("probe_probability_mean") is not None]
+    axis.plot([e["step"] for e in probed], [e["probe_probability_mean"] for e in probed], label="probe probability")
+    audits = [a for a in audits if "error" not in a]
+    steps = [a["step"] for a in audits]
+    utilities = [a["utility"] for a in audits]
+    intervals = [1.96 * a["utility_se"] for a in audits]
+    axis.errorbar(steps, utilities, yerr=intervals, marker="o", capsize=3, label="audited utility")
+    banded = [a for a in audits if a["in_band_rate"] is not None]
+    axis.plot([a["step"] for a in banded], [a["in_band_rate"] for a in banded], "s", label="audited in-band rate")
+    axis.set_xlabel("step")
+    axis.set_ylim(-0.05, 1.05)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def rules_line(entries: list[dict]) -> str:

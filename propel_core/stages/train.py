@@ -14,8 +14,13 @@ Multi-GPU: ``accelerate launch -m propel_core.cli train CONFIG`` with the same c
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
+from propel_core.config import LabelConfig
+from propel_core.errors import PropelError
 from propel_core.execution import solver_labels
 from propel_core.run import Run
+from propel_core.training.audit import Audit
 from propel_core.training.checkpoints import goes_on
 from propel_core.training.generator import train_generator
 from propel_core.training.generator_reward import reward_reads
@@ -31,7 +36,34 @@ def train(run: Run) -> None:
     exists = goes_on(folder, resume)
     run.claim("train", exists, *reward_reads(run, config.reward))  # rule, options, bundles
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
+    audit = None
+    if config.train.audit.every:  # K real attempts at a sample of the step's tasks, labeled as label does
+        options = config.train.audit
+        label = audit_label(config.label, options.k)
+        audited = solver_labels(run, config.solver, label, config.seed, "audit")
+        audit = Audit(options, folder, audited, config.seed, lambda metrics, step: run.track("train", metrics, step))
     every = config.checkpoint.every
     train_generator(
-        run, folder, config.generator, config.train, config.lora, config.reward, config.seed, every, solve, resume
+        run,
+        folder,
+        config.generator,
+        config.train,
+        config.lora,
+        config.reward,
+        config.seed,
+        every,
+        solve,
+        resume,
+        audit,
     )
+
+
+def audit_label(label: LabelConfig, k: int | None) -> LabelConfig:
+    """The label settings of an audit: the label stage's, with ``train.audit.k`` attempts (null:
+    ``label.k``). Another K measures the band at another K than the probe learned, which biases the
+    calibration gap (docs/config.md)."""
+    try:
+        return LabelConfig.model_validate({**label.model_dump(), "k": k or label.k})
+    except ValidationError as error:
+        reason = error.errors()[0]["msg"]
+        raise PropelError(f"train.audit.k={k} does not suit the label settings: {reason}") from None

@@ -40,9 +40,9 @@ def prepare_folder(folder: Path, resume: bool) -> Path | None:
     folder.mkdir(parents=True, exist_ok=True)
     checkpoint = last_checkpoint(folder) if resume else None
     if checkpoint is None:
-        for old in [*folder.glob("checkpoint-*"), folder / "adapter"]:
+        for old in [*folder.glob("checkpoint-*"), folder / "adapter", folder / "audit", folder / "best_audited"]:
             shutil.rmtree(old, ignore_errors=True)
-        for log_path in ("log.jsonl", "reward_log.jsonl", COMPLETIONS, "rollouts.jsonl"):
+        for log_path in ("log.jsonl", "reward_log.jsonl", COMPLETIONS, "rollouts.jsonl", "audit.jsonl"):
             (folder / log_path).unlink(missing_ok=True)
     return checkpoint
 
@@ -62,11 +62,12 @@ def keep_steps_before(log_path: Path, step: int) -> None:
     log_path.write_text("".join(line + "\n" for line in kept))
 
 
-def train_and_save(trainer, folder: Path, checkpoint: Path | None = None) -> None:
+def train_and_save(trainer, folder: Path, checkpoint: Path | None = None, finished: bool = False) -> None:
     """Run a TRL trainer (from ``checkpoint`` when given), save its LoRA adapter to ``folder/adapter``
-    and its metrics to ``log.jsonl``. A checkpoint at the last step is the result itself: nothing
-    trains again, its adapter and log are kept."""
-    if checkpoint is not None and step_of(checkpoint) >= trainer.args.max_steps:
+    and its metrics to ``log.jsonl``. A checkpoint at the last step, or one ``finished`` says ends the
+    training (an audit's stop rule), is the result itself: nothing trains again, its adapter and log
+    are kept."""
+    if checkpoint is not None and (finished or step_of(checkpoint) >= trainer.args.max_steps):
         log.info("%s is at the last step (%d): nothing to train", checkpoint, trainer.args.max_steps)
         shutil.rmtree(folder / "adapter", ignore_errors=True)
         (folder / "adapter").mkdir()

@@ -12,6 +12,7 @@ from propel_core.config import LoraConfig, ModelConfig, RewardConfig, TrainConfi
 from propel_core.errors import PropelError
 from propel_core.records import Context, Label, Task
 from propel_core.run import Run, log
+from propel_core.training.audit import Audit, audited
 from propel_core.training.checkpoints import keep_steps_before, prepare_folder, step_of, train_and_save
 from propel_core.training.generator_reward import COMPLETIONS, main_probe, reward_scorer
 from propel_core.training.replay import ReplayBuffer, replaying
@@ -35,13 +36,15 @@ def train_generator(
     checkpoint_every: int,
     solve: Callable[[list[Task]], list[Label]] | None = None,
     resume: bool = False,
+    audit: Audit | None = None,
 ) -> None:
     """GRPO + LoRA (``lora``) on ``generator`` with the reward rule and probes of ``reward`` -> ``folder``
     (``adapter/``, ``log.jsonl``, ``reward_log.jsonl``, a checkpoint every ``checkpoint_every`` steps).
     ``seed`` seeds the context sampler and the trainer; ``solve`` labels tasks with live solver runs,
     for a rule that needs ``solver_utility``. With ``resume``, training goes on from the folder's last
     checkpoint (the policy's adapter, optimizer, schedule and random state; the reward log keeps the
-    steps before it), else starts over."""
+    steps before it), else starts over. With ``audit``, the policy's own tasks are labeled by the real
+    solver as it trains (``train.audit``), which may stop the training early."""
     from trl import GRPOTrainer
 
     domain = run.domain()
@@ -55,6 +58,9 @@ def train_generator(
     scorer.log_path = folder / "reward_log.jsonl"
     for log_path in (scorer.log_path, folder / COMPLETIONS):
         keep_steps_before(log_path, step_of(checkpoint))
+    if audit is not None:
+        audit.start(step_of(checkpoint))
+        scorer.audit = audit
 
     tokenizer, policy, path = load_policy(generator)
     contexts_by_prompt: dict[str, Context] = {}
@@ -82,12 +88,39 @@ def train_generator(
     generation_batch = train_config.per_device_batch * train_config.gradient_accumulation
     prompts = generation_batch // train_config.group_size
     log.info("GRPO: %d steps, %d prompts x %d generations each", train_config.steps, prompts, train_config.group_size)
-    train_and_save(trainer, folder, checkpoint)
+    if not _audited_training(run, trainer, folder, checkpoint, audit):
+        return
     rewards = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
     run.say(
-        f"trained {train_config.steps} steps; reward mean first {rewards[0]['reward_mean']:.3f}, "
+        f"trained {trainer.state.global_step} steps; reward mean first {rewards[0]['reward_mean']:.3f}, "
         f"last {rewards[-1]['reward_mean']:.3f}; adapter in {folder / 'adapter'}"
     )
+
+
+def _audited_training(run: Run, trainer, folder: Path, checkpoint: Path | None, audit: Audit | None) -> bool:
+    """``train_and_save``, with the audit's callback when there is one: its last audits are waited for
+    (dropped if training failed), and a stop rule they met is said in one line. False when the audits
+    before the checkpoint had already stopped this training (nothing trains)."""
+    if audit is None:
+        train_and_save(trainer, folder, checkpoint)
+        return True
+    trainer.add_callback(audited(audit))
+    if audit.stop_reason:  # met by the audits before the checkpoint: this training is over
+        audit.close()
+        run.say(f"training stopped before this run: {audit.stop_reason}; checkpoint.resume=false starts over")
+        if not (folder / "adapter").exists():
+            train_and_save(trainer, folder, checkpoint, finished=True)
+        return False
+    try:
+        train_and_save(trainer, folder, checkpoint)
+    except BaseException:
+        audit.close(cancel=True)
+        raise
+    audit.close()
+    if audit.stop_reason:
+        when = f"after step {audit.stopped_at}" if audit.stopped_at is not None else "when training had ended"
+        run.say(f"training stopped {when}: {audit.stop_reason}")
+    return True
 
 
 def _check(domain, train_config: TrainConfig) -> None:

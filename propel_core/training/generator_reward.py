@@ -26,6 +26,7 @@ from propel_core.training.replay import ReplayBuffer
 
 if TYPE_CHECKING:
     from propel_core.run import Run
+    from propel_core.training.audit import Audit
 
 
 #: completions kept per reward call (``completions.jsonl``), and the characters kept of each
@@ -84,6 +85,7 @@ class RewardScorer(FeedsBack):
         self.sampler, self.replay = sampler, replay
         self.calls = 0
         self.solver_attempts = 0  # solver runs of the last call (solver_in_the_loop)
+        self.audit: Audit | None = None  # train.audit: offered the tasks of every step
 
     def __call__(
         self,
@@ -102,6 +104,8 @@ class RewardScorer(FeedsBack):
         texts = generation or generations(prompts, completions, prefill)
         tasks = [self.task(i, step, text, context_id) for i, text in enumerate(texts)]
         scores = self.scores(tasks)
+        if self.audit is not None:
+            self.audit.offer(step, tasks, [score.get("probability") for score in scores])
         overflowed = [ids is not None and len(ids) >= self.max_completion_length for ids in completion_ids or []]
         overflowed = overflowed or [False] * len(tasks)
         rewards = [

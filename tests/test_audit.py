@@ -1,0 +1,301 @@
+"""train.audit on a real tiny training: GRPO steps of the embedded generator on arithmetic tasks, the
+reward from a real probe bundle, and audits labeled by the simulated ``arithmetic_skill`` solver
+through the executor (local threads, and the two-node Ray test cluster)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from propel_core.config import validate_config
+from propel_core.execution import label_tasks
+from propel_core.plugins import Registry
+from propel_core.records import Label, Task, iter_jsonl
+from propel_core.run import Run
+from propel_core.stages.extract import extract
+from propel_core.stages.probe import probe
+from propel_core.stages.train import train
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory, planted_run):
+    """A probe bundle (countdown tasks with a planted label): the reward of every training here."""
+    folder = planted_run(tmp_path_factory.mktemp("probe-run"))
+    data = {
+        "run_dir": str(folder),
+        "domain": {"name": "countdown"},
+        "probe": {"layers": [8], "poolings": ["mean_full"], "architectures": ["linear"]},
+    }
+    registry = Registry.build()
+    run = Run(validate_config(data, registry), registry, quiet=True)
+    extract(run)
+    probe(run)
+    return folder / "probes" / "selected"
+
+
+def settings(folder: Path, bundle: Path, **audit) -> dict:
+    return {
+        "run_dir": str(folder),
+        "domain": {"name": "arithmetic"},
+        "solver": {"backend": "arithmetic_skill"},
+        "reward": {"main_probe": str(bundle)},
+        "train": {
+            "steps": STEPS,
+            "group_size": 2,
+            "per_device_batch": 4,
+            "gradient_accumulation": 1,
+            "max_completion_length": 12,
+            "gradient_checkpointing": False,
+            "audit": {"every": 1, "tasks": 3, "k": 4, **audit},
+        },
+        "checkpoint": {"every": 1},
+    }
+
+
+def trained(folder: Path, bundle: Path, executor=None, **audit) -> Run:
+    registry = Registry.build()
+    data = settings(folder, bundle, **audit) | ({"executor": executor} if executor else {})
+    run = Run(validate_config(data, registry), registry, quiet=True)
+    train(run)
+    return run
+
+
+def records(run: Run) -> list[dict]:
+    return [json.loads(line) for line in (run.dir / "train" / "audit.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory, bundle):
+    return trained(tmp_path_factory.mktemp("audited"), bundle)
+
+
+def test_an_audit_of_every_step_with_the_label_stages_labels(audited, tmp_path):
+    found = records(audited)
+    assert sorted(r["step"] for r in found) == list(range(STEPS))
+    tasks = list(iter_jsonl(audited.dir / "train" / "audit" / "tasks.jsonl", Task))
+    assert [t.id.split("-")[1] for t in tasks].count("0") == 3  # the sample's size, from each step
+    labels = {label.task_id: label for label in iter_jsonl(audited.dir / "train" / "audit" / "labels.jsonl", Label)}
+    config = audited.config
+    again = label_tasks(  # the label stage labels the valid tasks
+        audited,
+        [task for task in tasks if task.validity.valid],
+        tmp_path / "labels.jsonl",
+        config.solver,
+        config.label.model_copy(update={"k": 4}),
+        config.seed,
+    )
+    assert labels and {label.task_id: label for label in again} == labels
+    for record in found:
+        assert record["trials"] == 4 * sum(
+            1 for t in tasks if t.validity.valid and t.id.startswith(f"rl-{record['step']}-")
+        )
+        assert 0 <= record["valid_rate"] <= 1 and record["seconds"] >= 0
+        if record["in_band_rate"] is not None:
+            assert record["gap"] == pytest.approx(record["probe_probability"] - record["in_band_rate"])
+
+
+def test_the_best_audited_adapter_is_the_one_kept(audited):
+    found = records(audited)
+    utilities = [r["utility"] for r in sorted(found, key=lambda r: r["step"])]
+    best = json.loads((audited.dir / "train" / "best_audited" / "audit.json").read_text())
+    assert best["utility"] == max(utilities) and best["step"] == utilities.index(max(utilities))
+    assert (audited.dir / "train" / "best_audited" / "adapter_model.safetensors").exists()
+    assert not list((audited.dir / "train" / "audit").glob("step-*"))  # snapshots go once audited
+
+
+def test_a_stop_rule_stops_training_with_one_line(tmp_path, bundle, capsys):
+    registry = Registry.build()
+    data = settings(tmp_path, bundle, stop_gap=0.001, stop_after=1)
+    data["train"]["steps"] = 12
+    run = Run(validate_config(data, registry), registry, quiet=False)
+    train(run)
+    steps = [json.loads(line) for line in (tmp_path / "train" / "log.jsonl").read_text().splitlines()]
+    assert len([s for s in steps if "step_time" in s]) < 12  # stopped early
+    said = capsys.readouterr().out
+    assert "training stopped after step" in said and "audit.stop_gap=0.001" in said
+
+
+def test_kill_9_and_resume_neither_lose_nor_repeat_an_audit(tmp_path, bundle, propel_cli):
+    import yaml
+
+    from propel_core.testing import kill_when_written
+
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(settings(tmp_path, bundle)))))
+    command = [str(Path(sys.executable).with_name("propel")), "-q", "train", str(tmp_path / "run.yaml")]
+    kill_when_written(command, tmp_path / "train" / "audit.jsonl", lines=2)
+    propel_cli("-q", "train", str(tmp_path / "run.yaml"))
+    found = [json.loads(line) for line in (tmp_path / "train" / "audit.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in found) == list(range(STEPS))
+    ids = [t.id for t in iter_jsonl(tmp_path / "train" / "audit" / "tasks.jsonl", Task)]
+    assert len(ids) == len(set(ids)) == 3 * STEPS
+    labels = [label.task_id for label in iter_jsonl(tmp_path / "train" / "audit" / "labels.jsonl", Label)]
+    assert len(labels) == len(set(labels))
+
+
+def test_audits_through_the_ray_executor(tmp_path, bundle, propel_ray_cluster):
+    run = trained(tmp_path, bundle, executor={"name": "ray", "workers": 4})
+    assert sorted(r["step"] for r in records(run)) == list(range(STEPS))
+
+
+def test_evaluate_can_take_the_best_audited_adapter(audited):
+    from propel_core.stages.evaluate import adapters
+
+    config = audited.config.model_copy(
+        update={"evaluate": audited.config.evaluate.model_copy(update={"adapter": "best_audited"})}
+    )
+    run = Run(config, audited.registry, quiet=True)
+    assert adapters(run)["trained"] == audited.dir / "train" / "best_audited"
+
+
+def test_coevolve_mines_the_audited_rows(audited):
+    """With no evaluation yet, the audits' labeled tasks are the rows adversarial co-evolution mines."""
+    from propel_core.stages.coevolve import policy_rows
+
+    tasks, labels = policy_rows(audited)
+    audited_ids = {label.task_id for label in iter_jsonl(audited.dir / "train" / "audit" / "labels.jsonl", Label)}
+    assert {task.id for task in tasks} == set(labels) == audited_ids
+
+
+def test_the_report_plots_the_audits_beside_the_probe(audited):
+    from propel_core.stages.report import report
+
+    report(audited)
+    page = (audited.dir / "report.html").read_text()
+    assert "Audits: the real solver on the policy's own tasks" in page
+    assert (audited.dir / "train" / "audit.png").stat().st_size > 0
+
+
+# -- the audit's own files, on real small pieces: the simulated solver through the executor, and a
+# -- tiny random Llama with a LoRA adapter as the policy whose adapter is kept --------------------
+
+
+@pytest.fixture
+def small(tmp_path):
+    """A run (arithmetic tasks, the simulated solver), a policy with a LoRA adapter, and tasks of
+    steps 0..3: easy ones at even steps, hard ones (in band most often) at odd steps."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from propel_core.domain import make_task
+
+    registry = Registry.build()
+    data = {"run_dir": str(tmp_path), "domain": {"name": "arithmetic"}, "solver": {"backend": "arithmetic_skill"}}
+    run = Run(validate_config(data, registry), registry, quiet=True)
+    torch.manual_seed(0)
+    tiny = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    policy = get_peft_model(LlamaForCausalLM(tiny), LoraConfig(r=2, target_modules=["q_proj"]))
+    domain, context = run.domain(), run.domain().contexts()[0]
+    predicates = registry.validity_predicates(domain)
+    exercises = {0: ["3 + 4", "5 + 2", "1 + 1", "2 + 6"], 1: ["23 * 45", "31 * 17", "27 * 14", "19 * 36"]}
+    steps = {
+        step: [
+            make_task(f"rl-{step}-{i}", domain, context, f"Compute: {e}", "policy", predicates)
+            for i, e in enumerate(exercises[step % 2])
+        ]
+        for step in range(4)
+    }
+    return run, policy, steps
+
+
+def audit_of(run, folder, **options):
+    from propel_core.config import AuditConfig
+    from propel_core.execution import solver_labels
+    from propel_core.training.audit import Audit
+
+    solve = solver_labels(run, run.config.solver, run.config.label, run.config.seed, "audit")
+    return Audit(AuditConfig(every=1, tasks=4, **options), folder, solve, run.config.seed)
+
+
+def audit_steps(audit, policy, steps, upto: int, probability: float = 0.5):
+    for step in range(upto):
+        audit.snapshot(step, policy)
+        audit.offer(step, steps[step], [probability] * len(steps[step]))
+
+
+def audited_folder(small, tmp_path, upto: int) -> Path:
+    """``train/`` after audits of steps 0..upto-1, all finished."""
+    run, policy, steps = small
+    audit = audit_of(run, tmp_path / "train")
+    audit.start(0)
+    audit_steps(audit, policy, steps, upto)
+    audit.close()
+    return tmp_path / "train"
+
+
+def test_a_resume_drops_the_best_of_a_redone_step_and_reads_past_torn_lines(small, tmp_path):
+    folder = audited_folder(small, tmp_path, 4)
+    best = json.loads((folder / "best_audited" / "audit.json").read_text())
+    assert best["step"] == 1 and not list((folder / "audit").glob("step-*"))  # a hard step, the first best
+    for path in (folder / "audit.jsonl", folder / "audit" / "tasks.jsonl", folder / "audit" / "labels.jsonl"):
+        with path.open("a") as handle:
+            handle.write('{"step": 9, "torn')  # a kill mid-line
+    again = audit_of(small[0], folder)
+    again.start(1)  # training goes on from checkpoint-1: steps 1.. are redone
+    again.close()
+    assert [r["step"] for r in again.records] == [0] and not (folder / "best_audited").exists()
+    assert {_step(t.id) for t in iter_jsonl(folder / "audit" / "tasks.jsonl", Task)} == {0}
+
+
+def test_an_audit_killed_before_its_record_runs_again_whole(small, tmp_path):
+    folder = audited_folder(small, tmp_path, 2)
+    lines = (folder / "audit.jsonl").read_text().splitlines()
+    (folder / "audit.jsonl").write_text(lines[0] + "\n")  # step 1's labels were written, its record not
+    again = audit_of(small[0], folder)
+    again.start(2)
+    again.close()
+    assert sorted(r["step"] for r in again.records) == [0, 1]
+    labels = [label.task_id for label in iter_jsonl(folder / "audit" / "labels.jsonl", Label)]
+    assert len(labels) == len(set(labels)) == 8
+
+
+def test_a_failed_audit_is_recorded_and_training_goes_on(small, tmp_path):
+    from propel_core.config import AuditConfig
+    from propel_core.training.audit import Audit, read_records
+
+    _, policy, steps = small
+
+    def down(tasks):
+        raise ConnectionError("the solver's server is down")
+
+    audit = Audit(AuditConfig(every=1, tasks=4), tmp_path / "train", down, 0)
+    audit.start(0)
+    audit_steps(audit, policy, steps, 2)
+    audit.close()  # does not raise
+    assert [r.get("error") for r in read_records(tmp_path / "train")] == [
+        "ConnectionError: the solver's server is down"
+    ] * 2
+
+
+def test_a_stop_met_before_the_checkpoint_still_holds(small, tmp_path):
+    run, policy, steps = small
+    folder = tmp_path / "train"
+    audit = audit_of(run, folder, stop_gap=0.3, stop_after=1)
+    audit.start(0)
+    audit_steps(audit, policy, steps, 3, probability=0.95)  # the probe says in band; easy steps are not
+    audit.close()
+    assert audit.stop_reason
+    again = audit_of(run, folder, stop_gap=0.3, stop_after=1)
+    again.start(3)
+    again.close()
+    assert again.stop_reason == audit.stop_reason
+
+
+def test_an_audit_counts_the_k_the_probe_learned_unless_told(small):
+    from propel_core.errors import PropelError
+    from propel_core.stages.train import audit_label
+
+    run, _, _ = small
+    assert audit_label(run.config.label, None).k == run.config.label.k
+    low = run.config.label.model_copy(update={"min_valid_attempts": 6})
+    with pytest.raises(PropelError, match=r"train\.audit\.k=4 does not suit the label settings"):
+        audit_label(low, 4)
+
+
+def _step(task_id: str) -> int:
+    return int(task_id.split("-")[1])
