@@ -14,6 +14,8 @@ Multi-GPU: ``accelerate launch -m propel_core.cli train CONFIG`` with the same c
 
 from __future__ import annotations
 
+import os
+
 from pydantic import ValidationError
 
 from propel_core.config import LabelConfig
@@ -37,7 +39,9 @@ def train(run: Run) -> None:
     run.claim("train", exists, *reward_reads(run, config.reward))  # rule, options, bundles
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
     audit = None
-    if config.train.audit.every:  # K real attempts at a sample of the step's tasks, labeled as label does
+    # K real attempts at a sample of the step's tasks, labeled as label does; under `accelerate launch`
+    # the main process audits its own share of each step's generations (the others write nothing)
+    if config.train.audit.every and int(os.environ.get("RANK", "0")) == 0:
         options = config.train.audit
         label = audit_label(config.label, options.k)
         audited = solver_labels(run, config.solver, label, config.seed, "audit")
