@@ -71,3 +71,26 @@ def planted_run():
     from propel_core.testing import planted_countdown_run
 
     return planted_countdown_run
+
+
+@pytest.fixture(scope="session")
+def planted_probe(tmp_path_factory, planted_run):
+    """A planted run folder with its selected probe (layer 8, mean_full, linear), made once: the
+    reward of the train tests' run (which trains in this folder) and of the audit tests' trainings."""
+    from propel_core.config import validate_config
+    from propel_core.plugins import Registry
+    from propel_core.run import Run
+    from propel_core.stages.extract import extract
+    from propel_core.stages.probe import probe
+
+    folder = planted_run(tmp_path_factory.mktemp("train-run"))
+    data = {
+        "run_dir": str(folder),
+        "domain": {"name": "countdown"},
+        "probe": {"layers": [8], "poolings": ["mean_full"], "architectures": ["linear"]},
+    }
+    registry = Registry.build()
+    run = Run(validate_config(data, registry), registry, quiet=True)
+    extract(run)
+    probe(run)
+    return folder

@@ -13,29 +13,17 @@ from propel_core.execution import label_tasks
 from propel_core.plugins import Registry
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run
-from propel_core.stages.extract import extract
-from propel_core.stages.probe import probe
 from propel_core.stages.train import train
 
 pytestmark = pytest.mark.slow
 
-STEPS = 4
+STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory, planted_run):
+def bundle(planted_probe):
     """A probe bundle (countdown tasks with a planted label): the reward of every training here."""
-    folder = planted_run(tmp_path_factory.mktemp("probe-run"))
-    data = {
-        "run_dir": str(folder),
-        "domain": {"name": "countdown"},
-        "probe": {"layers": [8], "poolings": ["mean_full"], "architectures": ["linear"]},
-    }
-    registry = Registry.build()
-    run = Run(validate_config(data, registry), registry, quiet=True)
-    extract(run)
-    probe(run)
-    return folder / "probes" / "selected"
+    return planted_probe / "probes" / "selected"
 
 
 def settings(folder: Path, bundle: Path, **audit) -> dict:

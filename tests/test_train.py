@@ -15,8 +15,6 @@ from propel_core.plugins import Registry
 from propel_core.probes.bundles import load_probe
 from propel_core.run import Run
 from propel_core.stages.evaluate import evaluate
-from propel_core.stages.extract import extract
-from propel_core.stages.probe import probe
 from propel_core.stages.report import report
 from propel_core.stages.train import train
 from propel_core.training.generator import train_generator
@@ -26,9 +24,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def probed_run(tmp_path_factory, planted_run):
+def probed_run(planted_probe):
     """A run folder with a selected probe, trained on countdown tasks with a planted label."""
-    folder = planted_run(tmp_path_factory.mktemp("train-run"))
+    folder = planted_probe
     registry = Registry.build()
     data = {
         "run_dir": str(folder),
@@ -43,10 +41,7 @@ def probed_run(tmp_path_factory, planted_run):
         },
         "checkpoint": {"every": 100},
     }
-    run = Run(validate_config(data, registry), registry, quiet=True)
-    extract(run)
-    probe(run)
-    return run
+    return Run(validate_config(data, registry), registry, quiet=True)
 
 
 def scorer_for(run, **options):
