@@ -25,7 +25,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -234,6 +234,23 @@ def iter_jsonl(path: str | Path, record: type[R]) -> Iterator[R]:
                     yield decode(line, record)
                 except (ValueError, RecursionError) as exc:
                     raise PropelError(f"{path}:{number}: not a valid {record.__name__} record: {exc}") from None
+
+
+def keep_entries(log_path: Path, keep: Callable[[dict], bool]) -> None:
+    """Keep the entries of a JSONL log that ``keep`` accepts; a line torn by a kill (or one ``keep``
+    cannot read) goes. The file is replaced whole, so a kill meanwhile leaves the old one or the new."""
+    if not log_path.exists():
+        return
+    kept = []
+    for line in log_path.read_text().splitlines():
+        try:
+            if keep(json.loads(line)):
+                kept.append(line)
+        except (ValueError, KeyError):  # a line torn by the kill
+            continue
+    staging = log_path.with_name(f"{log_path.name}.tmp")
+    staging.write_text("".join(line + "\n" for line in kept))
+    os.replace(staging, log_path)
 
 
 class JsonlWriter:

@@ -33,7 +33,7 @@ from typing import Any
 from propel_core.config import AuditConfig
 from propel_core.evaluation import arm_metrics
 from propel_core.probes.metrics import auc, balanced_accuracy
-from propel_core.records import JsonlWriter, Label, Task, iter_jsonl, to_json
+from propel_core.records import JsonlWriter, Label, Task, iter_jsonl, keep_entries, to_json
 from propel_core.run import log
 
 BEST = "best_audited"
@@ -75,11 +75,10 @@ class Audit:
         if it was one of them); earlier ones that never finished (the process died while they ran)
         run again from their journaled tasks. A stop rule the kept audits meet holds again."""
         self.journal.mkdir(parents=True, exist_ok=True)
-        self.records = [r for r in _records(self.records_path) if r["step"] < resume_step]
-        _rewrite(self.records_path, [to_json(r) for r in self.records])
-        for name, key in (("tasks.jsonl", "id"), ("labels.jsonl", "task_id")):
-            path = self.journal / name
-            _rewrite(path, [line for line in _lines(path) if _step_of(json.loads(line)[key]) < resume_step])
+        keep_entries(self.records_path, lambda record: record["step"] < resume_step)
+        self.records = _records(self.records_path)
+        keep_entries(self.journal / "tasks.jsonl", lambda task: _step_of(task["id"]) < resume_step)
+        keep_entries(self.journal / "labels.jsonl", lambda label: _step_of(label["task_id"]) < resume_step)
         done = {r["step"] for r in self.records}
         for leftover in [*self.journal.glob("step-*"), *self.journal.glob("probabilities-*.json")]:
             step = int(leftover.name.split("-")[1].split(".")[0])
@@ -206,8 +205,7 @@ class Audit:
         for task in iter_jsonl(self.journal / "tasks.jsonl", Task):
             if _step_of(task.id) not in done:
                 waiting.setdefault(_step_of(task.id), []).append(task)
-        labels = self.journal / "labels.jsonl"
-        _rewrite(labels, [line for line in _lines(labels) if _step_of(json.loads(line)["task_id"]) not in waiting])
+        keep_entries(self.journal / "labels.jsonl", lambda label: _step_of(label["task_id"]) not in waiting)
         for step, tasks in sorted(waiting.items()):
             path = self.journal / f"probabilities-{step}.json"
             probabilities = json.loads(path.read_text()) if path.exists() else {}
@@ -269,7 +267,14 @@ def read_records(folder: Path) -> list[dict]:
 
 
 def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in _lines(path)]
+    """The entries of a JSONL file (none when it does not exist); a line torn by a kill is skipped."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
 
 
 def _replace(snapshot: Path, target: Path, record: dict) -> None:
@@ -286,13 +291,6 @@ def _replace(snapshot: Path, target: Path, record: dict) -> None:
     _remove(old)
 
 
-def _rewrite(path: Path, lines: list[str]) -> None:
-    """``path`` holds ``lines``, replaced whole (a kill leaves the old file or the new one)."""
-    staging = path.with_name(f"{path.name}.tmp")
-    staging.write_text("".join(line + "\n" for line in lines))
-    os.replace(staging, path)
-
-
 def _remove(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
@@ -307,17 +305,3 @@ def _number(value) -> bool:
 def _step_of(task_id: str) -> int:
     """The step of a task the reward function named ``rl-STEP-I``."""
     return int(task_id.split("-")[1])
-
-
-def _lines(path: Path) -> list[str]:
-    """The lines of a JSONL file that parse (a line torn by a kill does not)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            json.loads(line)
-        except ValueError:  # torn by a kill
-            continue
-        out.append(line)
-    return out

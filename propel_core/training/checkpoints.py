@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from propel_core.records import keep_entries
 from propel_core.run import log
 from propel_core.training.generator_reward import COMPLETIONS
 
@@ -50,16 +51,7 @@ def prepare_folder(folder: Path, resume: bool) -> Path | None:
 def keep_steps_before(log_path: Path, step: int) -> None:
     """Drop a per-step log's entries (the reward log, the completions) of steps a resumed run will redo
     (``step`` and later)."""
-    if not log_path.exists():
-        return
-    kept = []
-    for line in log_path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] < step:
-                kept.append(line)
-        except (ValueError, KeyError):  # a line torn by the kill
-            continue
-    log_path.write_text("".join(line + "\n" for line in kept))
+    keep_entries(log_path, lambda entry: entry["step"] < step)
 
 
 def train_and_save(trainer, folder: Path, checkpoint: Path | None = None, finished: bool = False) -> None:
