@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,6 +56,9 @@ class TransformersBackend:
         #: float32 on an H100), nor in half precision, where the other matrix shapes round otherwise
         #: (31% of greedy rows changed): benchmarks/cuda.py. Benchmarks and tests set it to compare.
         self._share_prefill = self.device == "cpu" and self.model.dtype == torch.float32
+        #: held while the model runs: hidden_states cuts its blocks for a while, and callers in other
+        #: threads (the audit's solver beside the probe's reward) may share this backend
+        self._in_use = threading.Lock()
 
     # -- generation ---------------------------------------------------------------------------------
 
@@ -94,14 +98,17 @@ class TransformersBackend:
         from transformers import DynamicCache
 
         number = {text: i for i, text in enumerate(dict.fromkeys(texts))}  # distinct prompts, in order
-        self.tokenizer.padding_side = "left"  # generation continues from the right edge
-        batch = self.tokenizer(
-            list(number), return_tensors="pt", padding=True, add_special_tokens=not self.config.chat_template
+        batch = self.tokenizer(  # left padding: generation continues from the right edge; set per call, since
+            list(number),  # the audit's solver calls and the probe's reward may share a backend across threads
+            return_tensors="pt",
+            padding=True,
+            padding_side="left",
+            add_special_tokens=not self.config.chat_template,
         )
         ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
         rows = torch.tensor([number[text] for text in texts], device=self.device)
         options = {}
-        with torch.inference_mode():
+        with self._in_use, torch.inference_mode():
             if len(number) < len(texts) and ids.shape[1] > 1 and self._prefill_can_be_shared():
                 cache = DynamicCache(config=self.model.config)
                 positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate numbers them
@@ -162,22 +169,24 @@ class TransformersBackend:
 
             return hook
 
-        handles = [
-            (self.model.get_input_embeddings() if layer == 0 else blocks[layer - 1]).register_forward_hook(keep(layer))
-            for layer in set(layers)
-        ]
-        self.tokenizer.padding_side = "right"  # causal attention: real tokens never see right padding
-        batch = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length).to(
-            self.device
-        )
-        base.layers = blocks[:deepest]  # blocks above the deepest requested layer are not run at all
-        try:
-            with torch.inference_mode(not self.model.training):
-                base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-        finally:
-            base.layers = blocks
-            for handle in handles:
-                handle.remove()
+        batch = self.tokenizer(  # right padding: causal attention, so real tokens never see it
+            texts, return_tensors="pt", padding=True, padding_side="right", truncation=True, max_length=max_length
+        ).to(self.device)
+        with self._in_use:  # the hooks and the cut blocks are the model's own state while they last
+            handles = [
+                (self.model.get_input_embeddings() if layer == 0 else blocks[layer - 1]).register_forward_hook(
+                    keep(layer)
+                )
+                for layer in set(layers)
+            ]
+            base.layers = blocks[:deepest]  # blocks above the deepest requested layer are not run at all
+            try:
+                with torch.inference_mode(not self.model.training):
+                    base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+            finally:
+                base.layers = blocks
+                for handle in handles:
+                    handle.remove()
         return HiddenStates(layers={layer: captured[layer] for layer in layers}, mask=batch["attention_mask"])
 
 

@@ -157,3 +157,21 @@ def test_local_folder_loads_like_a_hub_id(propel_embedded_backend):
     assert local.model_id == str(embedded_model_path())
     greedy = Sampling(temperature=0.0, max_new_tokens=5)
     assert local.generate(["Hi"], sampling=greedy) == propel_embedded_backend.generate(["Hi"], sampling=greedy)
+
+
+def test_hidden_states_and_generation_from_two_threads_equal_serial(propel_embedded_backend):
+    """The audit's solver calls and the probe's reward may share one backend from two threads: the
+    reward's truncated pass cuts the model's blocks and hooks them while it runs, and each call pads
+    its own side, so neither may see the other's state."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    backend, greedy = propel_embedded_backend, Sampling(temperature=0.0, max_new_tokens=6)
+    texts, prompts = ["Compute: 23 * 45", "A much longer task statement, with more tokens."], ["Name a color."]
+    states = backend.hidden_states(texts, [4], max_length=64).layers[4]
+    written = backend.generate(prompts, greedy)
+    with ThreadPoolExecutor(2) as pool:
+        reads = [pool.submit(backend.hidden_states, texts, [4], 64) for _ in range(3)]
+        writes = [pool.submit(backend.generate, prompts, greedy) for _ in range(3)]
+        for read in reads:
+            torch.testing.assert_close(read.result().layers[4], states)
+        assert all(write.result() == written for write in writes)
