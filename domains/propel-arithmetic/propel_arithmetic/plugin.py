@@ -55,11 +55,16 @@ class Arithmetic(Domain):
         max_value: int = 10_000,
         num_contexts: int = 48,
         seed: int = 7,
+        solver_shots: int = 0,
     ):
-        if max_operators < 1 or max_operand < 2:
-            raise ValueError(f"need max_operators >= 1 and max_operand >= 2, got {max_operators}, {max_operand}")
+        if max_operators < 1 or max_operand < 2 or solver_shots < 0:
+            raise ValueError(
+                "need max_operators >= 1, max_operand >= 2 and solver_shots >= 0, "
+                f"got {max_operators}, {max_operand}, {solver_shots}"
+            )
         self.max_operators, self.max_operand, self.max_value = max_operators, max_operand, max_value
         self._contexts = _make_contexts(num_contexts, seed, self)
+        self._shots = _make_shots(solver_shots, seed, self)
 
     def contexts(self) -> list[Context]:
         return self._contexts
@@ -91,10 +96,13 @@ class Arithmetic(Domain):
         return f"Compute: {payload['expression']}"
 
     def solver_prompt(self, payload: dict[str, Any]) -> Messages:
-        return [
-            {"role": "user", "content": f"Compute {payload['expression']}. Reply with the number only."},
-            {"role": "assistant", "content": "Answer:"},
-        ]
+        """Zero-shot by default; ``solver_shots`` worked exercises go first, as earlier turns."""
+        turns = [(expression, f"Answer: {value_of(expression)}") for expression in self._shots]
+        messages: Messages = []
+        for expression, answer in [*turns, (payload["expression"], "Answer:")]:
+            messages.append({"role": "user", "content": f"Compute {expression}. Reply with the number only."})
+            messages.append({"role": "assistant", "content": answer})
+        return messages
 
     def grade(self, payload: dict[str, Any], attempt: str) -> Verdict:
         """The answer is the last number on the attempt's first line ("12 + 7 = 19" answers 19)."""
@@ -165,6 +173,21 @@ def _make_contexts(count: int, seed: int, domain: Arithmetic) -> list[Context]:
         bucket = f"{operations} operation{'s' * (operations > 1)}, {digits}-digit"
         contexts.append(Context(id=f"arithmetic-{index:03d}", data={"examples": examples}, bucket=bucket))
     return contexts
+
+
+def _make_shots(count: int, seed: int, domain: Arithmetic) -> list[str]:
+    """The solver prompt's worked exercises: shapes in turn (one operation on 1-digit, then 2-digit
+    operands, then two operations), drawn from their own seed, none of them a context's example."""
+    rng = random.Random(f"shots-{seed}")
+    shapes = [(1, 1), (1, 2), (2, 1)]
+    taken = {example for context in domain.contexts() for example in context.data["examples"]}
+    shots: list[str] = []
+    while len(shots) < count:
+        exercise = _exercise(rng, *shapes[len(shots) % 3], domain)
+        if exercise not in taken:
+            shots.append(exercise)
+            taken.add(exercise)
+    return shots
 
 
 def _exercise(rng: random.Random, operations: int, digits: int, domain: Arithmetic) -> str:

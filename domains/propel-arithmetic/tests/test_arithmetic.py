@@ -188,3 +188,18 @@ def test_verdicts_are_the_same_graded_in_many_threads():
     answers = ["19", "-15", "12.5", "1024", "-4", "20", "no idea", "12 + 7 = 19\n20"]
     attempts = [({"expression": e}, a) for e in expressions for a in answers]
     assert_same_verdicts_concurrently(domain, attempts, threads=8)
+
+
+def test_solver_shots_put_worked_exercises_first(propel_registry):
+    from propel_arithmetic.plugin import value_of
+
+    zero = propel_registry.domain("arithmetic").solver_prompt({"expression": "12 + 7"})
+    shots = propel_registry.domain("arithmetic", solver_shots=3).solver_prompt({"expression": "12 + 7"})
+    assert len(zero) == 2 and len(shots) == 8 and shots[-2:] == zero
+    asked = [q["content"].removeprefix("Compute ").removesuffix(". Reply with the number only.") for q in shots[:-2:2]]
+    answers = [a["content"] for a in shots[1:-2:2]]
+    assert answers == [f"Answer: {value_of(expression)}" for expression in asked]
+    contexts = {e for c in propel_registry.domain("arithmetic").contexts() for e in c.data["examples"]}
+    assert len(set(asked)) == 3 and not contexts & set(asked)
+    with pytest.raises(ValueError, match="solver_shots >= 0"):
+        propel_registry.domain("arithmetic", solver_shots=-1)
