@@ -447,3 +447,32 @@ def test_the_scorer_reads_with_the_reference_settings_the_bundle_records(tmp_pat
     del old["reference"]
     (tmp_path / "probe.json").write_text(json.dumps(old | {"threshold": 0.5}))
     assert load_probe(tmp_path, propel_registry).reference == ModelConfig()
+
+
+@pytest.mark.slow
+def test_activations_and_probe_do_not_depend_on_the_order_records_were_written(planted_probe, tmp_path):
+    """Generation and labeling finish tasks in any order; extract and probe read them in task-id
+    order, so the same records in another order give the same activations and the same probe, bit for bit."""
+    from safetensors.torch import load_file
+
+    from propel_core.config import validate_config
+    from propel_core.run import Run
+    from propel_core.stages.extract import extract
+    from propel_core.stages.probe import probe
+
+    for name in ("tasks.jsonl", "labels.jsonl"):
+        lines = (planted_probe / name).read_text().splitlines(keepends=True)
+        (tmp_path / name).write_text("".join(reversed(lines)))
+    data = {
+        "run_dir": str(tmp_path),
+        "domain": {"name": "countdown"},
+        "probe": {"layers": [8], "poolings": ["mean_full"], "architectures": ["linear"]},
+    }
+    registry = Registry.build()
+    run = Run(validate_config(data, registry), registry, quiet=True)
+    extract(run)
+    probe(run)
+    for cell in ("activations/layer008_mean_full.safetensors", "probes/selected/probe.safetensors"):
+        first, reordered = load_file(planted_probe / cell), load_file(tmp_path / cell)
+        assert first.keys() == reordered.keys()
+        assert all(torch.equal(first[key], reordered[key]) for key in first), cell

@@ -94,15 +94,19 @@ def load_activations(run_dir: Path, layer: int, pooling: str):
 
 
 def labeled_rows(run_dir: Path, layer: int, pooling: str):
-    """Features and labels of the labeled corpus at one cell (rows with a known utility)."""
+    """Features and labels of the labeled corpus at one cell (rows with a known utility), in task-id
+    order whatever order the label stage finished them in."""
     import torch
 
     ids, x = load_activations(run_dir, layer, pooling)
     row_of = {task_id: row for row, task_id in enumerate(ids)}
-    labels = [
-        label
-        for label in iter_jsonl(Path(run_dir) / "labels.jsonl", Label)
-        if label.utility is not None and label.task_id in row_of
-    ]
+    labels = sorted(
+        (
+            label
+            for label in iter_jsonl(Path(run_dir) / "labels.jsonl", Label)
+            if label.utility is not None and label.task_id in row_of
+        ),
+        key=lambda label: label.task_id,
+    )
     rows = torch.tensor([row_of[label.task_id] for label in labels], dtype=torch.long)
     return x[rows], torch.tensor([float(label.utility) for label in labels])

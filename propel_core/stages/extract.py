@@ -3,9 +3,9 @@
 One forward pass per batch gives the hidden states of every layer in the sweep; blocks above the
 deepest one are not run. Batches are built from tasks sorted by length, so little compute goes into
 padding, and poolers see the attention mask, so padding never reaches a pooled vector. Each
-(layer, pooling) pair is one safetensors file of shape [tasks, dim]; ``index.json`` maps rows to task
-ids. A rerun with the same reference model (all its settings but batch size), tasks and length limit
-reuses every file it finds.
+(layer, pooling) pair is one safetensors file of shape [tasks, dim], rows in task-id order;
+``index.json`` maps rows to task ids. A rerun with the same reference model (all its settings but
+batch size), tasks and length limit reuses every file it finds.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ def extract(run: Run) -> None:
 
     probe = run.config.probe
     tasks_path = run.input("tasks.jsonl", made_by="generate")
-    tasks = [task for task in iter_jsonl(tasks_path, Task) if task.text is not None]
+    # in task-id order, not the file's (generation finishes tasks in any order): the same rows, batches
+    # and sums however the corpus was written
+    tasks = sorted((task for task in iter_jsonl(tasks_path, Task) if task.text is not None), key=lambda t: t.id)
     folder = run.dir / "activations"
     reference = run.config.reference
     index = {

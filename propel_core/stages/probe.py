@@ -45,12 +45,12 @@ def probe(run: Run) -> None:
     first_layer, first_pooling = probe_config.layers[0], probe_config.poolings[0]
     ids, first = load_activations(run.dir, first_layer, first_pooling)
     row_of = {task_id: row for row, task_id in enumerate(ids)}
-    labels = [label for label in labels if label.task_id in row_of]
+    labels = sorted((label for label in labels if label.task_id in row_of), key=lambda label: label.task_id)
     rows = torch.tensor([row_of[label.task_id] for label in labels])
     y = torch.tensor([label.utility for label in labels])
     solve_rates = torch.tensor([label.solve_rate for label in labels], dtype=torch.float)
     groups = [tasks[label.task_id].context_id for label in labels]
-    rvp_tasks = list(tasks.values())[: probe_config.rvp_samples]
+    rvp_tasks = [tasks[task_id] for task_id in sorted(tasks)][: probe_config.rvp_samples]
     rule = run.registry.reward_rule(config.reward.rule, config.reward)
     log.info("%d labeled rows (%d in band); RVP over %d base-policy tasks", len(y), int(y.sum()), len(rvp_tasks))
 
