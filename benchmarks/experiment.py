@@ -26,6 +26,7 @@ from propel_core.errors import PropelError
 from propel_core.evaluation import arm_metrics, paired_comparison, per_context_utility, verdict_sentence
 from propel_core.provenance import differences, flat
 from propel_core.records import Label, Task, iter_jsonl
+from propel_core.training.audit import read_records
 
 #: the arms and the reward rule each trains with (base is not trained)
 ARMS = {"base": None, "hard": "hard", "wco": "wco", "sil": "solver_in_the_loop"}
@@ -189,6 +190,10 @@ def _arm(root: Path, arm: str, seeds: list[int], k: int, timings: dict) -> tuple
     summary["wall_seconds"] = {"corpus": corpus, "train_per_seed": train, "total": corpus + train}
     if trained:
         summary["training"] = _mean_curve([training_curve(root / arm / f"seed-{seed}") for seed in seeds])
+        audits = {str(seed): read_records(root / arm / f"seed-{seed}") for seed in seeds}
+        if any(audits.values()):  # train.audit was on for this arm
+            fields = ("step", "utility", "in_band_rate", "probe_probability", "gap", "trials")
+            summary["audits"] = {seed: [{f: r.get(f) for f in fields} for r in rs] for seed, rs in audits.items()}
     return summary, utilities, keys
 
 

@@ -8,11 +8,13 @@ command:
 1. The corpus, once: the run's generate, label, extract and probe stages, then a second probe at the
    selected cell with another seed for the wco ensemble (the coevolve stage's ensemble).
 2. For each RL seed, from the same base generator with the same steps and rollouts: GRPO with the
-   ``hard`` rule (probe logit), the ``wco`` rule (minimum over the two probes) and
-   ``solver_in_the_loop`` (sil: live solver utility, no probe).
-3. For each RL seed, every arm and the untrained base write ``evaluate.num_tasks`` tasks from the
-   same fresh contexts with the same generation seeds; the solver attempts each valid one
-   ``evaluate.k`` times (the probe judges nothing here; it is only scored for the diagnostics).
+   ``hard`` rule (probe logit; audited by the real solver when ``train.audit.every`` is set), the
+   ``wco`` rule (minimum over the two probes) and ``solver_in_the_loop`` (sil: live solver utility,
+   no probe).
+3. Then, for that RL seed, every arm and the untrained base write ``evaluate.num_tasks`` tasks from
+   the same fresh contexts with the same generation seeds; the solver attempts each valid one
+   ``evaluate.k`` times (the probe judges nothing here; it is only scored for the diagnostics). Seed
+   by seed, so an experiment stopped early has whole seeds.
 4. ``RUN/experiment/frontier_shift.json`` (``experiment.summarize``, beside this script), its figures, and
    ``RUN/report.html``, which opens with the answer.
 
@@ -40,6 +42,8 @@ from propel_core.probes.cells import ensemble_probes
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run, start_run
 from propel_core.stages import STAGES, report
+from propel_core.stages.train import audit_label
+from propel_core.training.audit import Audit
 from propel_core.training.generator import train_generator
 
 log = logging.getLogger("propel")
@@ -47,12 +51,19 @@ log = logging.getLogger("propel")
 
 def train_arm(run: Run, seed: int, rule: str, probes: list[Path], folder: Path) -> None:
     """Train one arm: the experiment's config with the arm's reward rule (and ensemble members) and
-    RL seed; the solver-in-the-loop arm's live labels are seeded by the RL seed too."""
+    RL seed; the solver-in-the-loop arm's live labels are seeded by the RL seed too. The ``hard`` arm
+    is audited when ``train.audit.every`` is set (the train stage's audit: K = ``train.audit.k`` or
+    ``label.k``)."""
     config = run.config
     reward = config.reward.model_copy(update={"rule": rule, "probes": [str(p) for p in probes]})
     solve = solver_labels(run, config.solver, config.label, seed, "solver in the loop")
+    audit = None
+    if rule == "hard" and config.train.audit.every:
+        options = config.train.audit
+        audited = solver_labels(run, config.solver, audit_label(config.label, options.k), seed, "audit")
+        audit = Audit(options, folder, audited, seed)
     every = config.checkpoint.every
-    train_generator(run, folder, config.generator, config.train, config.lora, reward, seed, every, solve)
+    train_generator(run, folder, config.generator, config.train, config.lora, reward, seed, every, solve, audit=audit)
 
 
 def evaluate_arm(run: Run, contexts, adapter: Path | None, folder: Path, seed: int, probe) -> None:
@@ -124,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     timings.run(("corpus", "ensemble"), work)
     extra = sorted(members.glob("seed-*"))
 
-    for seed in seeds:
+    probe = load_probe(run.dir / "probes" / "selected", run.registry)
+    for seed in seeds:  # seed by seed, so a run stopped early has whole seeds to show
         for arm, rule in ARMS.items():
             if rule is not None:
                 folder = root / arm / f"seed-{seed}"
@@ -132,9 +144,6 @@ def main(argv: list[str] | None = None) -> None:
                 probes = extra if arm == "wco" else []
                 work = lambda s=seed, r=rule, p=probes, f=folder: train_arm(run, s, r, p, f)  # noqa: E731
                 timings.run(("train", arm, str(seed)), work)
-
-    probe = load_probe(run.dir / "probes" / "selected", run.registry)
-    for seed in seeds:
         evaluation = evaluation_seed(run.config.seed, seed)
         contexts = run.context_sampler(evaluation).sample(run.config.evaluate.num_tasks)
         for arm, rule in ARMS.items():
