@@ -191,9 +191,11 @@ def _arm(root: Path, arm: str, seeds: list[int], k: int, timings: dict) -> tuple
     if trained:
         summary["training"] = _mean_curve([training_curve(root / arm / f"seed-{seed}") for seed in seeds])
         audits = {str(seed): read_records(root / arm / f"seed-{seed}") for seed in seeds}
-        if any(audits.values()):  # train.audit was on for this arm
-            fields = ("step", "utility", "in_band_rate", "probe_probability", "gap", "trials")
+        if any(audits.values()):  # train.audit was on for this arm: its solver runs are spent too
+            fields = ("step", "utility", "in_band_rate", "probe_probability", "gap", "trials", "error")
             summary["audits"] = {seed: [{f: r.get(f) for f in fields} for r in rs] for seed, rs in audits.items()}
+            spent = statistics.fmean(sum(r.get("trials") or 0 for r in rs) for rs in audits.values())
+            summary["solver_trials"] |= {"audit_per_seed": spent, "total": summary["solver_trials"]["total"] + spent}
     return summary, utilities, keys
 
 

@@ -74,23 +74,34 @@ def planted_run():
 
 
 @pytest.fixture(scope="session")
-def planted_probe(tmp_path_factory, planted_run):
-    """A planted run folder with its selected probe (layer 8, mean_full, linear), made once: the
-    reward of the train tests' run (which trains in this folder) and of the audit tests' trainings."""
+def one_cell_run():
+    """``one_cell_run(folder)``: a countdown run in ``folder`` whose probe sweep is one cell (layer 8,
+    mean_full, linear)."""
     from propel_core.config import validate_config
     from propel_core.plugins import Registry
     from propel_core.run import Run
+
+    def make(folder: Path):
+        data = {
+            "run_dir": str(folder),
+            "domain": {"name": "countdown"},
+            "probe": {"layers": [8], "poolings": ["mean_full"], "architectures": ["linear"]},
+        }
+        registry = Registry.build()
+        return Run(validate_config(data, registry), registry, quiet=True)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def planted_probe(tmp_path_factory, planted_run, one_cell_run):
+    """A planted run folder with its selected probe (layer 8, mean_full, linear), made once: the
+    reward of the train tests' run (which trains in this folder) and of the audit tests' trainings."""
     from propel_core.stages.extract import extract
     from propel_core.stages.probe import probe
 
     folder = planted_run(tmp_path_factory.mktemp("train-run"))
-    data = {
-        "run_dir": str(folder),
-        "domain": {"name": "countdown"},
-        "probe": {"layers": [8], "poolings": ["mean_full"], "architectures": ["linear"]},
-    }
-    registry = Registry.build()
-    run = Run(validate_config(data, registry), registry, quiet=True)
+    run = one_cell_run(folder)
     extract(run)
     probe(run)
     return folder

@@ -11,6 +11,16 @@ def test_help_lists_verbs(propel_cli):
         assert f"  {verb} " in out
 
 
+def test_the_demo_note_speaks_only_of_the_demos_own_solver_and_k(propel_registry):
+    from propel_core.cli import DEMO_CONFIG, DEMO_NOTE, demo_note
+    from propel_core.config import load_config
+
+    assert demo_note(load_config(str(DEMO_CONFIG), registry=propel_registry), propel_registry) == DEMO_NOTE
+    for override in ("label.k=16", "solver.sampling.temperature=1.0", "domain.name=countdown"):
+        config = load_config(str(DEMO_CONFIG), [override], registry=propel_registry)
+        assert demo_note(config, propel_registry) is None, override
+
+
 def test_plugins_json(propel_cli):
     plugins = {p["name"]: p for p in json.loads(propel_cli("plugins", "--json").stdout)["plugins"]}
     assert plugins["propel_plugins.rewards"]["registers"]["reward_rules"] == [

@@ -103,7 +103,7 @@ def test_extract_matches_one_text_at_a_time(run_dir, propel_cli, propel_embedded
     propel_cli("-q", "extract", str(run_dir / "run.yaml"))
     ids, pooled = load_activations(run_dir, 8, "mean_full")
     tasks = {t.id: t for t in list(iter_jsonl(run_dir / "tasks.jsonl", Task))}
-    assert ids == list(tasks) and pooled.shape == (128, 576)
+    assert ids == sorted(tasks) and pooled.shape == (128, 576)
     mean_full = Registry.build().get("poolers", "mean_full")
     for row in (0, 57, 127):  # batched with other lengths vs alone: padding must not leak
         alone = propel_embedded_backend.hidden_states([tasks[ids[row]].text], [8], max_length=2048)
@@ -450,29 +450,40 @@ def test_the_scorer_reads_with_the_reference_settings_the_bundle_records(tmp_pat
 
 
 @pytest.mark.slow
-def test_activations_and_probe_do_not_depend_on_the_order_records_were_written(planted_probe, tmp_path):
+def test_activations_and_probe_do_not_depend_on_the_order_records_were_written(planted_probe, one_cell_run, tmp_path):
     """Generation and labeling finish tasks in any order; extract and probe read them in task-id
     order, so the same records in another order give the same activations and the same probe, bit for bit."""
     from safetensors.torch import load_file
 
-    from propel_core.config import validate_config
-    from propel_core.run import Run
     from propel_core.stages.extract import extract
     from propel_core.stages.probe import probe
 
     for name in ("tasks.jsonl", "labels.jsonl"):
         lines = (planted_probe / name).read_text().splitlines(keepends=True)
         (tmp_path / name).write_text("".join(reversed(lines)))
-    data = {
-        "run_dir": str(tmp_path),
-        "domain": {"name": "countdown"},
-        "probe": {"layers": [8], "poolings": ["mean_full"], "architectures": ["linear"]},
-    }
-    registry = Registry.build()
-    run = Run(validate_config(data, registry), registry, quiet=True)
+    run = one_cell_run(tmp_path)
     extract(run)
     probe(run)
     for cell in ("activations/layer008_mean_full.safetensors", "probes/selected/probe.safetensors"):
         first, reordered = load_file(planted_probe / cell), load_file(tmp_path / cell)
         assert first.keys() == reordered.keys()
         assert all(torch.equal(first[key], reordered[key]) for key in first), cell
+
+
+def test_two_tasks_under_one_id_and_stale_activations_are_clear_errors(planted_probe, one_cell_run, tmp_path):
+    import shutil
+
+    from propel_core.stages.extract import extract
+    from propel_core.stages.probe import probe
+
+    lines = (planted_probe / "tasks.jsonl").read_text().splitlines(keepends=True)
+    other = json.loads(lines[5]) | {"text": "Target: 1\nNumbers: 1"}
+    (tmp_path / "tasks.jsonl").write_text("".join(lines) + json.dumps(other) + "\n")
+    shutil.copy(planted_probe / "labels.jsonl", tmp_path / "labels.jsonl")
+    run = one_cell_run(tmp_path)
+    with pytest.raises(PropelError, match=f"two different tasks with the id {other['id']}"):
+        extract(run)
+    (tmp_path / "tasks.jsonl").write_text("".join(lines[:5] + lines[6:]))  # the activations still read task 5
+    shutil.copytree(planted_probe / "activations", tmp_path / "activations")
+    with pytest.raises(PropelError, match=r"no longer holds .*run `propel extract` again"):
+        probe(run)

@@ -26,9 +26,18 @@ def extract(run: Run) -> None:
 
     probe = run.config.probe
     tasks_path = run.input("tasks.jsonl", made_by="generate")
+    by_id: dict[str, Task] = {}
+    for task in iter_jsonl(tasks_path, Task):
+        if task.text is None:
+            continue
+        if by_id.setdefault(task.id, task).text != task.text:
+            raise PropelError(
+                f"{tasks_path} holds two different tasks with the id {task.id}: did two runs write into "
+                "one folder? Generate into a fresh run_dir"
+            )
     # in task-id order, not the file's (generation finishes tasks in any order): the same rows, batches
     # and sums however the corpus was written
-    tasks = sorted((task for task in iter_jsonl(tasks_path, Task) if task.text is not None), key=lambda t: t.id)
+    tasks = [by_id[task_id] for task_id in sorted(by_id)]
     folder = run.dir / "activations"
     reference = run.config.reference
     index = {

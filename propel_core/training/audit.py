@@ -267,13 +267,16 @@ def read_records(folder: Path) -> list[dict]:
 
 
 def _records(path: Path) -> list[dict]:
-    """The entries of a JSONL file (none when it does not exist); a line torn by a kill is skipped."""
+    """The audit records of a JSONL file (none when it does not exist); a line torn by a kill, or one
+    that is not a record with a step, is skipped."""
     out = []
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except ValueError:
             continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):  # else not an audit's record
+            out.append(record)
     return out
 
 

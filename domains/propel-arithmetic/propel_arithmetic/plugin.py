@@ -57,14 +57,17 @@ class Arithmetic(Domain):
         seed: int = 7,
         solver_shots: int = 0,
     ):
-        if max_operators < 1 or max_operand < 2 or solver_shots < 0:
+        if not isinstance(solver_shots, int) or isinstance(solver_shots, bool):
+            raise ValueError(f"solver_shots must be a whole number, got {solver_shots!r}")
+        if max_operators < 1 or max_operand < 2 or max_value < 1 or solver_shots < 0:
             raise ValueError(
-                "need max_operators >= 1, max_operand >= 2 and solver_shots >= 0, "
-                f"got {max_operators}, {max_operand}, {solver_shots}"
+                "need max_operators >= 1, max_operand >= 2, max_value >= 1 and solver_shots >= 0, "
+                f"got {max_operators}, {max_operand}, {max_value}, {solver_shots}"
             )
         self.max_operators, self.max_operand, self.max_value = max_operators, max_operand, max_value
         self._contexts = _make_contexts(num_contexts, seed, self)
-        self._shots = _make_shots(solver_shots, seed, self)
+        self.solver_shots = solver_shots
+        self._shots = _make_shots(solver_shots + 1, seed, self) if solver_shots else []
 
     def contexts(self) -> list[Context]:
         return self._contexts
@@ -96,8 +99,11 @@ class Arithmetic(Domain):
         return f"Compute: {payload['expression']}"
 
     def solver_prompt(self, payload: dict[str, Any]) -> Messages:
-        """Zero-shot by default; ``solver_shots`` worked exercises go first, as earlier turns."""
-        turns = [(expression, f"Answer: {value_of(expression)}") for expression in self._shots]
+        """Zero-shot by default; ``solver_shots`` worked exercises go first, as earlier turns (the spare
+        one stands in for a shot that is the task itself, in any order of its operands)."""
+        task = _shape(payload["expression"])
+        shots = [expression for expression in self._shots if _shape(expression) != task][: self.solver_shots]
+        turns = [(expression, f"Answer: {value_of(expression)}") for expression in shots]
         messages: Messages = []
         for expression, answer in [*turns, (payload["expression"], "Answer:")]:
             messages.append({"role": "user", "content": f"Compute {expression}. Reply with the number only."})
@@ -170,6 +176,11 @@ def _make_contexts(count: int, seed: int, domain: Arithmetic) -> list[Context]:
         operations = rng.randint(1, domain.max_operators)
         digits = rng.choice((1, 2)) if domain.max_operand >= 10 else 1
         examples = [_exercise(rng, operations, digits, domain) for _ in range(2)]
+        if None in examples:
+            raise ValueError(
+                f"no well-formed exercise of {operations} operation(s) on {digits}-digit operands fits "
+                f"max_operand={domain.max_operand} and max_value={domain.max_value}"
+            )
         bucket = f"{operations} operation{'s' * (operations > 1)}, {digits}-digit"
         contexts.append(Context(id=f"arithmetic-{index:03d}", data={"examples": examples}, bucket=bucket))
     return contexts
@@ -177,26 +188,45 @@ def _make_contexts(count: int, seed: int, domain: Arithmetic) -> list[Context]:
 
 def _make_shots(count: int, seed: int, domain: Arithmetic) -> list[str]:
     """The solver prompt's worked exercises: shapes in turn (one operation on 1-digit, then 2-digit
-    operands, then two operations), drawn from their own seed, none of them a context's example."""
+    operands, then two operations, where allowed), drawn from their own seed, none of them a context's
+    example in any order of its operands."""
     rng = random.Random(f"shots-{seed}")
-    shapes = [(1, 1), (1, 2), (2, 1)]
-    taken = {example for context in domain.contexts() for example in context.data["examples"]}
+    shapes = [shape for shape in [(1, 1), (1, 2), (2, 1)] if shape[0] <= domain.max_operators]
+    taken = {_shape(example) for context in domain.contexts() for example in context.data["examples"]}
     shots: list[str] = []
-    while len(shots) < count:
-        exercise = _exercise(rng, *shapes[len(shots) % 3], domain)
-        if exercise not in taken:
-            shots.append(exercise)
-            taken.add(exercise)
+    misses = 0
+    while len(shots) < count and misses < 1000:  # few exercises of a shape fit a small operand range
+        exercise = _exercise(rng, *shapes[len(shots) % len(shapes)], domain)
+        if exercise is None or _shape(exercise) in taken:
+            misses += 1
+            continue
+        shots.append(exercise)
+        taken.add(_shape(exercise))
+        misses = 0
+    if len(shots) < count:
+        raise ValueError(
+            f"solver_shots={count - 1}: 1,000 draws in a row found no new exercise within max_operators="
+            f"{domain.max_operators}, max_operand={domain.max_operand} and max_value={domain.max_value} "
+            f"unlike the contexts' examples, after {len(shots)} of the {count} needed (the asked number "
+            "and a spare); ask for fewer"
+        )
     return shots
 
 
-def _exercise(rng: random.Random, operations: int, digits: int, domain: Arithmetic) -> str:
-    """A well-formed exercise: a division only where it comes out whole."""
+def _shape(expression: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """An exercise's operands and operators, each sorted: ``8 * 9`` and ``9 * 8`` are one exercise."""
+    return tuple(sorted(int(n) for n in INTEGER.findall(expression))), tuple(sorted(OPERATOR.findall(expression)))
+
+
+def _exercise(rng: random.Random, operations: int, digits: int, domain: Arithmetic) -> str | None:
+    """A well-formed exercise: a division only where it comes out whole (None when 10,000 draws found
+    none: limits no exercise of this shape meets)."""
     high = min(domain.max_operand, 10**digits - 1)
-    while True:
+    for _ in range(10_000):
         parts = [str(rng.randint(2, high))]
         for _ in range(operations):
             parts += [rng.choice("+-*/"), str(rng.randint(2, high))]
         expression = " ".join(parts)
         if problem(expression, domain) is None:
             return expression
+    return None

@@ -58,7 +58,8 @@ class ArithmeticSkill:
     def _attempt(self, prompt: Prompt, seed: int | None, index: int) -> str:
         from propel_arithmetic.plugin import value_of
 
-        question = as_messages(prompt)[0]["content"]
+        # the task is the last question; worked exercises (the domain's solver_shots) come before it
+        question = [message for message in as_messages(prompt) if message["role"] == "user"][-1]["content"]
         match = EXERCISE.fullmatch(question.strip())
         if match is None:
             raise PropelError("the arithmetic_skill solver answers only the arithmetic domain's solver prompt")

@@ -203,3 +203,37 @@ def test_solver_shots_put_worked_exercises_first(propel_registry):
     assert len(set(asked)) == 3 and not contexts & set(asked)
     with pytest.raises(ValueError, match="solver_shots >= 0"):
         propel_registry.domain("arithmetic", solver_shots=-1)
+    for options in (  # too few exercises left to draw: an error, not a hang
+        {"solver_shots": 50, "max_operand": 2, "max_operators": 1},
+        {"solver_shots": 20_000},
+        {"solver_shots": 3, "max_value": 1, "max_operand": 2, "max_operators": 1},
+    ):
+        with pytest.raises(ValueError, match="1,000 draws in a row found no new exercise"):
+            propel_registry.domain("arithmetic", **options)
+    with pytest.raises(ValueError, match="max_value >= 1"):
+        propel_registry.domain("arithmetic", max_value=-1)
+    for bad in (1.5, True, "3"):
+        with pytest.raises(ValueError, match="whole number"):
+            propel_registry.domain("arithmetic", solver_shots=bad)
+    one_operation = propel_registry.domain("arithmetic", solver_shots=3, max_operators=1)
+    assert len(one_operation.solver_prompt({"expression": "2 + 3"})) == 8
+
+
+def test_a_shot_is_never_the_task_in_any_order(propel_registry):
+    """A task that is one of the worked exercises (or it with its operands swapped) gets the spare
+    shot in its place, so the prompt never holds its own answer; the simulated solver reads the task."""
+    from propel_arithmetic.skill import ArithmeticSkill
+
+    from propel_core.config import ModelConfig
+
+    domain = propel_registry.domain("arithmetic", solver_shots=3)
+    asked = [m["content"] for m in domain.solver_prompt({"expression": "2 + 3"})[:-2:2]]
+    shots = [question.removeprefix("Compute ").removesuffix(". Reply with the number only.") for question in asked]
+    for shot in shots:
+        for expression in (shot, " ".join(reversed(shot.split(" ")))):
+            questions = [m["content"] for m in domain.solver_prompt({"expression": expression}) if m["role"] == "user"]
+            assert len(questions) == 4 and questions[-1] == f"Compute {expression}. Reply with the number only."
+            assert not any(expression in question or shot in question for question in questions[:-1])
+    solver = ArithmeticSkill(ModelConfig())
+    answers = solver.generate([domain.solver_prompt({"expression": "2 + 3"})], None, n=20, seed=0)[0]
+    assert " 5" in answers  # it answers the task, not the first worked exercise
