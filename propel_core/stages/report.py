@@ -131,7 +131,8 @@ def experiment_section(summary: dict, folder: Path) -> str:
     for arm, values in arms.items():
         utility, valid = values["utility"], values["valid_rate"]
         shift = values.get("vs_base")
-        seed_t = "-" if shift is None else "[{:+.3f}, {:+.3f}]".format(*shift["seed_t95"])
+        # one seed gives no t-interval over seeds (paired_comparison's seed_t95 needs two groups)
+        seed_t = "-" if shift is None or not shift.get("seed_t95") else "[{:+.3f}, {:+.3f}]".format(*shift["seed_t95"])
         rows.append(
             [
                 arm,
