@@ -254,6 +254,21 @@ def test_a_missing_evaluation_names_the_arm_and_seed(experiment, tmp_path):
         summarize(copy, SEEDS, K, {}, {})
 
 
+def test_one_seed_is_judged_by_the_bootstrap_and_still_reported(experiment, tmp_path):
+    import html
+
+    from propel_core.stages.report import experiment_section
+
+    run, root, _ = experiment
+    setting = {"seeds": [0], "eval_tasks_per_seed": len(WRITES["base"])}
+    summary = summarize(root, [0], K, setting, {})
+    assert all(not arm["vs_base"].get("seed_t95") for arm in summary["arms"].values() if "vs_base" in arm)
+    assert "95% paired bootstrap" in summary["verdict"] and "t-interval" not in summary["verdict"]
+    figures(summary, tmp_path, run.config.label)
+    section = experiment_section(summary, tmp_path)
+    assert html.escape(summary["verdict"], quote=False) in section
+
+
 @pytest.fixture(scope="module")
 def page(experiment):
     from propel_core.stages.report import report
