@@ -159,7 +159,6 @@ class TransformersBackend:
         if bad:
             raise PropelError(f"layers {bad} out of range for {self.model_id!r}: it has layers 0..{self.num_layers}")
         base = self.model.base_model
-        blocks = base.layers
         deepest = max(layers)
         captured: dict[int, torch.Tensor] = {}
 
@@ -173,6 +172,7 @@ class TransformersBackend:
             texts, return_tensors="pt", padding=True, padding_side="right", truncation=True, max_length=max_length
         ).to(self.device)
         with self._in_use:  # the hooks and the cut blocks are the model's own state while they last
+            blocks = base.layers  # read under the lock: another caller's cut list must never be kept
             handles = [
                 (self.model.get_input_embeddings() if layer == 0 else blocks[layer - 1]).register_forward_hook(
                     keep(layer)

@@ -369,11 +369,12 @@ def test_sweep_cells_equal_one_at_a_time_training(tmp_path):
     from propel_core.stages.probe import probe
 
     x, y = _planted(rows=200, seed=3)
+    # ids as the generate stage writes them (zero-padded): the probe reads rows in task-id order
     with JsonlWriter(tmp_path / "tasks.jsonl") as tasks, JsonlWriter(tmp_path / "labels.jsonl") as labels:
         for i in range(len(y)):
             tasks.write(
                 Task(
-                    id=f"t{i}",
+                    id=f"t{i:03d}",
                     domain="countdown",
                     context_id=f"c{i % 8}",
                     generation="",
@@ -384,13 +385,13 @@ def test_sweep_cells_equal_one_at_a_time_training(tmp_path):
                 )
             )
             attempts = [SolverAttempt(text="", solved=j < 2 * int(y[i])) for j in range(8)]
-            labels.write(Label.from_attempts(f"t{i}", attempts, (1 / 8, 3 / 8), 1))
+            labels.write(Label.from_attempts(f"t{i:03d}", attempts, (1 / 8, 3 / 8), 1))
     folder = tmp_path / "activations"
     folder.mkdir()
     features = {(1, "last_token"): x, (2, "last_token"): x.flip(1) * 2}
     for (layer, pooling), matrix in features.items():
         save_file({"x": matrix.contiguous()}, activation_file(folder, layer, pooling))
-    (folder / "index.json").write_text(json.dumps({"task_ids": [f"t{i}" for i in range(len(y))]}))
+    (folder / "index.json").write_text(json.dumps({"task_ids": [f"t{i:03d}" for i in range(len(y))]}))
     architectures = ["linear", "mlp"] + (["logistic"] if importlib.util.find_spec("sklearn") else [])
     registry = Registry.build()
     options = {

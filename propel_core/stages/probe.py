@@ -44,12 +44,7 @@ def probe(run: Run) -> None:
     tasks = {task.id: task for task in iter_jsonl(run.dir / "tasks.jsonl", Task)}
     first_layer, first_pooling = probe_config.layers[0], probe_config.poolings[0]
     ids, first = load_activations(run.dir, first_layer, first_pooling)
-    stale = [task_id for task_id in ids if task_id not in tasks]
-    if stale:
-        raise PropelError(
-            f"the activations in {run.dir / 'activations'} read {len(stale)} tasks that {run.dir / 'tasks.jsonl'} "
-            f"no longer holds (e.g. {stale[0]}): run `propel extract` again"
-        )
+    _refuse_stale(run, ids, tasks)
     row_of = {task_id: row for row, task_id in enumerate(ids)}
     labels = sorted((label for label in labels if label.task_id in row_of), key=lambda label: label.task_id)
     rows = torch.tensor([row_of[label.task_id] for label in labels])
@@ -117,6 +112,16 @@ def probe(run: Run) -> None:
     key = (chosen["layer"], chosen["pooling"], chosen["architecture"], chosen["balance"])
     _save_selected(run, folder, chosen, kept[key], y)
     run.say(selection_table(cells, chosen))
+
+
+def _refuse_stale(run: Run, ids: list[str], tasks: dict[str, Task]) -> None:
+    """Activations must read tasks that ``tasks.jsonl`` still holds; else extract has to run again."""
+    stale = [task_id for task_id in ids if task_id not in tasks]
+    if stale:
+        raise PropelError(
+            f"the activations in {run.dir / 'activations'} read {len(stale)} tasks that {run.dir / 'tasks.jsonl'} "
+            f"no longer holds (e.g. {stale[0]}): run `propel extract` again"
+        )
 
 
 def _known_labels(run: Run) -> list[Label]:
