@@ -216,8 +216,9 @@ def demo(ctx: click.Context, run_dir: str, overrides: tuple[str, ...]) -> None:
         click.echo(f"\nbase vs trained, from real solver runs on {run.config.evaluate.num_tasks} tasks per arm:")
         click.echo(table.read_text())
         click.echo(evaluation_verdict(json.loads((run.dir / "eval" / "metrics.json").read_text())) + "\n")
-        if demo_note(run.config, run.registry):
-            click.echo(demo_note(run.config, run.registry) + "\n")
+        note = demo_note(run.config, run.registry)
+        if note:
+            click.echo(note + "\n")
     click.echo(f"demo finished; the report is {run.dir / 'report.html'}, everything else in {run.dir}/")
 
 

@@ -42,10 +42,7 @@ def train(run: Run) -> None:
     # K real attempts at a sample of the step's tasks, labeled as label does; under `accelerate launch`
     # the main process audits its own share of each step's generations (the others write nothing)
     if config.train.audit.every and int(os.environ.get("RANK", "0")) == 0:
-        options = config.train.audit
-        label = audit_label(config.label, options.k)
-        audited = solver_labels(run, config.solver, label, config.seed, "audit")
-        audit = Audit(options, folder, audited, config.seed, lambda metrics, step: run.track("train", metrics, step))
+        audit = audit_of(run, folder, config.seed, lambda metrics, step: run.track("train", metrics, step))
     every = config.checkpoint.every
     train_generator(
         run,
@@ -60,6 +57,14 @@ def train(run: Run) -> None:
         resume,
         audit,
     )
+
+
+def audit_of(run: Run, folder, seed: int, track=None) -> Audit:
+    """The ``train.audit`` of a training into ``folder``: the run's solver, K = ``train.audit.k`` (or
+    ``label.k``), each step's sample drawn from ``seed``; ``track`` gets each audit's metrics."""
+    options = run.config.train.audit
+    audited = solver_labels(run, run.config.solver, audit_label(run.config.label, options.k), seed, "audit")
+    return Audit(options, folder, audited, seed, track)
 
 
 def audit_label(label: LabelConfig, k: int | None) -> LabelConfig:

@@ -67,7 +67,8 @@ class Arithmetic(Domain):
         self.max_operators, self.max_operand, self.max_value = max_operators, max_operand, max_value
         self._contexts = _make_contexts(num_contexts, seed, self)
         self.solver_shots = solver_shots
-        self._shots = _make_shots(solver_shots + 1, seed, self) if solver_shots else []
+        shots = _make_shots(solver_shots + 1, seed, self) if solver_shots else []
+        self._shots = [(_shape(shot), shot, f"Answer: {value_of(shot)}") for shot in shots]  # made once
 
     def contexts(self) -> list[Context]:
         return self._contexts
@@ -102,8 +103,7 @@ class Arithmetic(Domain):
         """Zero-shot by default; ``solver_shots`` worked exercises go first, as earlier turns (the spare
         one stands in for a shot that is the task itself, in any order of its operands)."""
         task = _shape(payload["expression"])
-        shots = [expression for expression in self._shots if _shape(expression) != task][: self.solver_shots]
-        turns = [(expression, f"Answer: {value_of(expression)}") for expression in shots]
+        turns = [(shot, answer) for shape, shot, answer in self._shots if shape != task][: self.solver_shots]
         messages: Messages = []
         for expression, answer in [*turns, (payload["expression"], "Answer:")]:
             messages.append({"role": "user", "content": f"Compute {expression}. Reply with the number only."})
@@ -197,11 +197,12 @@ def _make_shots(count: int, seed: int, domain: Arithmetic) -> list[str]:
     misses = 0
     while len(shots) < count and misses < 1000:  # few exercises of a shape fit a small operand range
         exercise = _exercise(rng, *shapes[len(shots) % len(shapes)], domain)
-        if exercise is None or _shape(exercise) in taken:
+        shape = exercise and _shape(exercise)
+        if exercise is None or shape in taken:
             misses += 1
             continue
         shots.append(exercise)
-        taken.add(_shape(exercise))
+        taken.add(shape)
         misses = 0
     if len(shots) < count:
         raise ValueError(
