@@ -24,12 +24,11 @@ from pathlib import Path
 from frontier_shift import evaluate_arm
 
 from propel_core.evaluation import arm_metrics, evaluation_seed
-from propel_core.execution import solver_labels
 from propel_core.probes.bundles import load_probe
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import start_run
 from propel_core.stages import STAGES
-from propel_core.training.audit import Audit
+from propel_core.stages.train import audit_of
 from propel_core.training.generator import train_generator
 
 CONFIG = Path(__file__).resolve().parent / "frontier_shift.yaml"
@@ -40,9 +39,7 @@ def trained(run, folder: Path, main_probe: Path) -> list[dict]:
     """The hard arm, RL seed 0, audited; its audit records by step."""
     config = run.config
     reward = config.reward.model_copy(update={"rule": "hard", "main_probe": str(main_probe)})
-    options = config.train.audit
-    solve = solver_labels(run, config.solver, config.label.model_copy(update={"k": options.k}), 0, "audit")
-    audit = Audit(options, folder, solve, 0)
+    audit = audit_of(run, folder, 0)
     shutil.rmtree(folder, ignore_errors=True)
     train_generator(run, folder, config.generator, config.train, config.lora, reward, 0, 100, audit=audit)
     records = [json.loads(line) for line in (folder / "audit.jsonl").read_text().splitlines()]
