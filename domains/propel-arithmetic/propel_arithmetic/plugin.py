@@ -102,7 +102,7 @@ class Arithmetic(Domain):
     def solver_prompt(self, payload: dict[str, Any]) -> Messages:
         """Zero-shot by default; ``solver_shots`` worked exercises go first, as earlier turns (the spare
         one stands in for a shot that is the task itself, in any order of its operands)."""
-        task = _shape(payload["expression"])
+        task = _shape(payload["expression"]) if self._shots else None  # zero-shot reads nothing of the task
         turns = [(shot, answer) for shape, shot, answer in self._shots if shape != task][: self.solver_shots]
         messages: Messages = []
         for expression, answer in [*turns, (payload["expression"], "Answer:")]:
