@@ -93,20 +93,21 @@ def load_activations(run_dir: Path, layer: int, pooling: str):
     return json.loads((folder / "index.json").read_text())["task_ids"], load_file(path)["x"]
 
 
+def label_rows(ids: list[str], labels):
+    """The labels that have an activation row, in task-id order whatever order the label stage finished
+    them in, and the tensor of their rows in an activation matrix whose row ids are ``ids``."""
+    import torch
+
+    row_of = {task_id: row for row, task_id in enumerate(ids)}
+    kept = sorted((label for label in labels if label.task_id in row_of), key=lambda label: label.task_id)
+    return kept, torch.tensor([row_of[label.task_id] for label in kept], dtype=torch.long)
+
+
 def labeled_rows(run_dir: Path, layer: int, pooling: str):
-    """Features and labels of the labeled corpus at one cell (rows with a known utility), in task-id
-    order whatever order the label stage finished them in."""
+    """Features and labels of the labeled corpus at one cell (rows with a known utility), in task-id order."""
     import torch
 
     ids, x = load_activations(run_dir, layer, pooling)
-    row_of = {task_id: row for row, task_id in enumerate(ids)}
-    labels = sorted(
-        (
-            label
-            for label in iter_jsonl(Path(run_dir) / "labels.jsonl", Label)
-            if label.utility is not None and label.task_id in row_of
-        ),
-        key=lambda label: label.task_id,
-    )
-    rows = torch.tensor([row_of[label.task_id] for label in labels], dtype=torch.long)
+    known = (label for label in iter_jsonl(Path(run_dir) / "labels.jsonl", Label) if label.utility is not None)
+    labels, rows = label_rows(ids, known)
     return x[rows], torch.tensor([float(label.utility) for label in labels])

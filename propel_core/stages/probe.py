@@ -22,7 +22,7 @@ from pathlib import Path
 
 from propel_core.embedded import EMBEDDED_MODEL_ID, model_source
 from propel_core.errors import NotEnoughData, PropelError, RewardError
-from propel_core.probes.activations import load_activations
+from propel_core.probes.activations import label_rows, load_activations
 from propel_core.probes.bundles import reference_settings, save_bundle
 from propel_core.probes.cells import splits
 from propel_core.probes.heads import ProbeJob, fit_temperature, train_probes
@@ -45,9 +45,8 @@ def probe(run: Run) -> None:
     first_layer, first_pooling = probe_config.layers[0], probe_config.poolings[0]
     ids, first = load_activations(run.dir, first_layer, first_pooling)
     _refuse_stale(run, ids, tasks)
+    labels, rows = label_rows(ids, labels)
     row_of = {task_id: row for row, task_id in enumerate(ids)}
-    labels = sorted((label for label in labels if label.task_id in row_of), key=lambda label: label.task_id)
-    rows = torch.tensor([row_of[label.task_id] for label in labels])
     y = torch.tensor([label.utility for label in labels])
     solve_rates = torch.tensor([label.solve_rate for label in labels], dtype=torch.float)
     groups = [tasks[label.task_id].context_id for label in labels]

@@ -219,6 +219,20 @@ def test_solver_shots_put_worked_exercises_first(propel_registry):
     assert len(one_operation.solver_prompt({"expression": "2 + 3"})) == 8
 
 
+def test_solver_prompts_are_the_same_built_in_many_threads(propel_registry):
+    from concurrent.futures import ThreadPoolExecutor
+
+    domain = propel_registry.domain("arithmetic", solver_shots=3)
+    shots = [
+        m["content"].removeprefix("Compute ").removesuffix(". Reply with the number only.")
+        for m in domain.solver_prompt({"expression": "2 + 3"})[:-2:2]
+    ]
+    payloads = [{"expression": e} for e in [*shots, "12 + 7", "3 * (4 - 9)", "100 / 8", "17 - 25 + 4"] * 50]
+    serial = [domain.solver_prompt(payload) for payload in payloads]
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(domain.solver_prompt, payloads)) == serial
+
+
 def test_a_shot_is_never_the_task_in_any_order(propel_registry):
     """A task that is one of the worked exercises (or it with its operands swapped) gets the spare
     shot in its place, so the prompt never holds its own answer; the simulated solver reads the task."""
