@@ -54,7 +54,13 @@ def trained(folder: Path, bundle: Path, executor=None, **audit) -> Run:
 
 
 def records(run: Run) -> list[dict]:
-    return [json.loads(line) for line in (run.dir / "train" / "audit.jsonl").read_text().splitlines()]
+    return records_in(run.dir / "train")
+
+
+def records_in(folder: Path) -> list[dict]:
+    return sorted(
+        (json.loads(line) for line in (folder / "audit.jsonl").read_text().splitlines()), key=lambda r: r["step"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -123,11 +129,6 @@ def test_kill_9_and_resume_neither_lose_nor_repeat_an_audit(tmp_path, bundle, pr
     assert len(ids) == len(set(ids)) == 3 * STEPS
     labels = [label.task_id for label in iter_jsonl(tmp_path / "train" / "audit" / "labels.jsonl", Label)]
     assert len(labels) == len(set(labels))
-
-
-def test_audits_through_the_ray_executor(tmp_path, bundle, propel_ray_cluster):
-    run = trained(tmp_path, bundle, executor={"name": "ray", "workers": 4})
-    assert sorted(r["step"] for r in records(run)) == list(range(STEPS))
 
 
 def test_evaluate_can_take_the_best_audited_adapter(audited):
@@ -214,6 +215,23 @@ def audited_folder(small, tmp_path, upto: int) -> Path:
     audit_steps(audit, policy, steps, upto)
     audit.close()
     return tmp_path / "train"
+
+
+def test_audits_through_the_ray_executor_equal_local_ones(small, tmp_path, propel_ray_cluster):
+    run, policy, steps = small
+    data = run.config.model_dump(mode="json") | {"executor": {"name": "ray", "workers": 4}}
+    on_ray = Run(validate_config(data, run.registry), run.registry, quiet=True)
+    folders = [
+        audited_folder(small, tmp_path / "local", 2),
+        audited_folder((on_ray, policy, steps), tmp_path / "ray", 2),
+    ]
+    found = [
+        sorted(iter_jsonl(folder / "audit" / "labels.jsonl", Label), key=lambda label: label.task_id)
+        for folder in folders
+    ]
+    assert len(found[0]) == 8 and found[0] == found[1]  # two steps' 4 tasks
+    utilities = [[(r["step"], r["utility"]) for r in records_in(folder)] for folder in folders]
+    assert utilities[0] == utilities[1]
 
 
 def test_a_resume_drops_the_best_of_a_redone_step_and_reads_past_torn_lines(small, tmp_path):
