@@ -221,6 +221,7 @@ def test_audits_through_the_ray_executor_equal_local_ones(small, tmp_path, prope
     run, policy, steps = small
     data = run.config.model_dump(mode="json") | {"executor": {"name": "ray", "workers": 4}}
     on_ray = Run(validate_config(data, run.registry), run.registry, quiet=True)
+    assert type(on_ray.executor()).__name__ == "RayExecutor"
     folders = [
         audited_folder(small, tmp_path / "local", 2),
         audited_folder((on_ray, policy, steps), tmp_path / "ray", 2),

@@ -488,3 +488,16 @@ def test_two_tasks_under_one_id_and_stale_activations_are_clear_errors(planted_p
     shutil.copytree(planted_probe / "activations", tmp_path / "activations")
     with pytest.raises(PropelError, match=r"no longer holds .*run `propel extract` again"):
         probe(run)
+
+
+def test_label_rows_orders_by_task_id_and_drops_labels_without_a_row():
+    from propel_core.probes.activations import label_rows
+    from propel_core.records import Label
+
+    def label(task_id: str) -> Label:
+        return Label(task_id=task_id, attempts=[], valid_attempts=0, solve_rate=None, utility=0, band=(0.125, 0.375))
+
+    ids = ["t000002", "t000000", "t000001"]  # activation rows as extract wrote them
+    kept, rows = label_rows(ids, [label("t000001"), label("t000009"), label("t000002"), label("t000000")])
+    assert [k.task_id for k in kept] == ["t000000", "t000001", "t000002"] and rows.tolist() == [1, 2, 0]
+    assert rows.dtype == torch.long

@@ -220,6 +220,7 @@ def test_solver_shots_put_worked_exercises_first(propel_registry):
 
 
 def test_solver_prompts_are_the_same_built_in_many_threads(propel_registry):
+    """Label workers build prompts at once: a cache or draw added to solver_prompt must not race."""
     from concurrent.futures import ThreadPoolExecutor
 
     domain = propel_registry.domain("arithmetic", solver_shots=3)
