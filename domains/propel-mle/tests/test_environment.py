@@ -161,7 +161,9 @@ raise SystemExit("nothing found")
 
 
 @pytest.mark.parametrize("name", PEEKS)
-def test_a_solution_cannot_read_the_held_out_labels(mle, name):
+def test_a_solution_cannot_read_the_held_out_labels(mle, name, monkeypatch):
+    if name == "a search of the whole file system":  # 10 s alone, over 30 s on a busy machine
+        monkeypatch.setattr(mle, "time_limit", 180.0)
     verdict = grade(mle, IRIS, PEEKS[name])
     assert verdict.diagnostics["verifier_score"] is None, verdict.reason
     assert verdict.solved is False
