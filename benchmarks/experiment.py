@@ -30,6 +30,8 @@ from propel_core.training.audit import read_records
 
 #: the arms and the reward rule each trains with (base is not trained)
 ARMS = {"base": None, "hard": "hard", "wco": "wco", "sil": "solver_in_the_loop"}
+#: the arms that train (every arm but the untrained base)
+TRAINED = tuple(arm for arm, rule in ARMS.items() if rule is not None)
 #: arms whose reward reads probes, trained on the one labeled corpus
 PROBE_ARMS = ("hard", "wco")
 #: per-seed metrics averaged across seeds (each a (value, standard error) pair in arm_metrics)
@@ -121,18 +123,17 @@ def mean_se(values: list[float]) -> dict:
     return {"mean": mean, "se": se, "per_seed": values}
 
 
-def summarize(root: Path, seeds: list[int], k: int, setting: dict, timings: dict) -> dict:
-    """The experiment's summary from the files under ``root`` (``RUN/experiment``); ``setting`` is
-    recorded as it is, ``timings`` holds wall seconds (``corpus``: per piece, ``train``: per arm and
-    seed, ``eval``: per arm and seed). Raises FileNotFoundError when an arm's evaluation is missing."""
+def summarize(root: Path, seeds: list[int], k: int, setting: dict, timings: dict, trained=TRAINED) -> dict:
+    """The experiment's summary from the files under ``root`` (``RUN/experiment``) of base and the
+    ``trained`` arms; ``setting`` is recorded as it is, ``timings`` holds wall seconds (``corpus``: per
+    piece, ``train``: per arm and seed, ``eval``: per arm and seed). Raises FileNotFoundError when an
+    arm's evaluation is missing."""
     utilities: dict[str, list[float]] = {}
     keys: dict[str, list[tuple[int, str]]] = {}
     arms = {}
-    for arm in ARMS:
+    for arm in ("base", *trained):
         arms[arm], utilities[arm], keys[arm] = _arm(root, arm, seeds, k, timings)
-    for arm, rule in ARMS.items():
-        if rule is None:
-            continue
+    for arm in trained:
         if keys[arm] != keys["base"]:
             counts = f"{len(keys[arm])} vs {len(keys['base'])} tasks"
             raise ValueError(

@@ -4,6 +4,7 @@ A miniature of the paper's Figure 2 and its solver-in-the-loop comparison (Table
 command:
 
     .venv/bin/python benchmarks/frontier_shift.py benchmarks/frontier_shift.yaml [key=value ...] [--seeds 3]
+        [--arms hard,wco,sil]
 
 1. The corpus, once: the run's generate, label, extract and probe stages, then a second probe at the
    selected cell with another seed for the wco ensemble (the coevolve stage's ensemble).
@@ -21,7 +22,8 @@ command:
 Every piece records its wall time in ``RUN/experiment/timings.json`` when it finishes; a rerun skips
 finished pieces and resumes unfinished ones (an interrupted piece's seconds are added to its rerun's),
 so an interrupted experiment loses little. A rerun with another config is refused, naming the keys
-that differ. More seeds (``--seeds 5`` after 3) add pieces and reuse the finished ones.
+that differ. More seeds (``--seeds 5`` after 3) add pieces and reuse the finished ones, and so do more
+arms (``--arms hard`` first, then all three).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import logging
 import sys
 from pathlib import Path
 
-from experiment import ARMS, FILE, Timings, figures, summarize
+from experiment import ARMS, FILE, TRAINED, Timings, figures, summarize
 
 from propel_core.errors import PropelError
 from propel_core.evaluation import evaluation_seed
@@ -114,8 +116,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("config", help="a propel config (benchmarks/frontier_shift.yaml)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     parser.add_argument("--seeds", type=int, default=3, help="RL seeds (0..N-1), each trains every arm")
+    parser.add_argument(
+        "--arms",
+        default=",".join(TRAINED),
+        help=f"the trained arms to run, comma-separated (default and choices: {','.join(TRAINED)}); base always runs",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     args = parser.parse_intermixed_args(argv)
+    trained = [arm for arm in args.arms.split(",") if arm]
+    if not trained or set(trained) - set(TRAINED):
+        parser.error(f"--arms {args.arms!r}: choose one or more of {', '.join(TRAINED)}, comma-separated")
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     run = start_run([args.config], args.overrides, args.quiet)
     root = run.dir / "experiment"
@@ -132,23 +142,22 @@ def main(argv: list[str] | None = None) -> None:
 
     probe = load_probe(run.dir / "probes" / "selected", run.registry)
     for seed in seeds:  # seed by seed, so a run stopped early has whole seeds to show
-        for arm, rule in ARMS.items():
-            if rule is not None:
-                folder = root / arm / f"seed-{seed}"
-                log.info("== train %s, RL seed %d -> %s", arm, seed, folder)
-                probes = extra if arm == "wco" else []
-                work = lambda s=seed, r=rule, p=probes, f=folder: train_arm(run, s, r, p, f)  # noqa: E731
-                timings.run(("train", arm, str(seed)), work)
+        for arm in trained:
+            folder = root / arm / f"seed-{seed}"
+            log.info("== train %s, RL seed %d -> %s", arm, seed, folder)
+            probes = extra if arm == "wco" else []
+            work = lambda s=seed, r=ARMS[arm], p=probes, f=folder: train_arm(run, s, r, p, f)  # noqa: E731
+            timings.run(("train", arm, str(seed)), work)
         evaluation = evaluation_seed(run.config.seed, seed)
         contexts = run.context_sampler(evaluation).sample(run.config.evaluate.num_tasks)
-        for arm, rule in ARMS.items():
-            adapter = None if rule is None else root / arm / f"seed-{seed}" / "adapter"
+        for arm in ("base", *trained):
+            adapter = None if arm == "base" else root / arm / f"seed-{seed}" / "adapter"
             folder = root / "eval" / f"seed-{seed}" / arm
             log.info("== evaluate %s, RL seed %d -> %s", arm, seed, folder)
             work = lambda c=contexts, a=adapter, f=folder, e=evaluation: evaluate_arm(run, c, a, f, e, probe)  # noqa: E731
             timings.run(("eval", arm, str(seed)), work)
 
-    summary = summarize(root, seeds, run.config.evaluate.k, setting(run, seeds), timings.data)
+    summary = summarize(root, seeds, run.config.evaluate.k, setting(run, seeds), timings.data, trained)
     (root / FILE).write_text(json.dumps(summary, indent=2))
     figures(summary, root, run.config.label)
     report(run)

@@ -254,6 +254,23 @@ def test_a_missing_evaluation_names_the_arm_and_seed(experiment, tmp_path):
         summarize(copy, SEEDS, K, {}, {})
 
 
+def test_a_run_of_some_arms_is_summed_up_from_base_and_those(experiment, tmp_path):
+    """``--arms hard``: the other arms' files are not needed, and hard's figures are those of the
+    whole experiment's."""
+    run, root, summary = experiment
+    copy = tmp_path / "run" / "experiment"
+    shutil.copytree(root, copy)
+    for arm in ("wco", "sil"):
+        shutil.rmtree(copy / arm)
+        for seed in SEEDS:
+            shutil.rmtree(copy / "eval" / f"seed-{seed}" / arm)
+    some = summarize(copy, SEEDS, K, {"seeds": SEEDS}, {}, trained=("hard",))
+    assert list(some["arms"]) == ["base", "hard"]
+    assert some["arms"]["hard"]["vs_base"] == summary["arms"]["hard"]["vs_base"]
+    assert "wco" not in some["verdict"] and "hard " in some["verdict"]
+    assert set(figures(some, tmp_path, run.config.label)) == {"utility", "curves", "solve_counts"}
+
+
 def test_one_seed_is_judged_by_the_bootstrap_and_still_reported(experiment, tmp_path):
     import html
 
