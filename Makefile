@@ -1,5 +1,5 @@
 # make demo: set up .venv and run the quick start's main job on the embedded default model.
-# make test: set up .venv and run ruff and the whole test suite (what CI runs).
+# make test: set up .venv and run ruff and the whole test suite in two workers (what CI runs).
 # Set-up reruns only when a pyproject or the set-up script changed.
 
 VENV := .venv
@@ -18,4 +18,4 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 --dist loadfile

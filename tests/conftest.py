@@ -1,4 +1,8 @@
-"""Shared fixtures: the example third-party plugin, installed for real, and the embedded model."""
+"""Shared fixtures: the example third-party plugin, installed for real, and the embedded model; and how
+the whole suite (tests/ and domains/) shares a machine when pytest-xdist runs it in several workers
+(``make test``: ``-n 2 --dist loadfile``, so a test module runs whole on one worker and builds its
+module fixtures once).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,20 @@ import sys
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config):
+    """Give each xdist worker its own share of the cores (its CPU affinity, which torch, the local
+    executor and the sandboxes it starts all read), so two workers never oversubscribe a core with
+    torch threads."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker is None or count is None or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    index, count = int(worker.removeprefix("gw")), int(count)
+    share = cores[index::count] if count <= len(cores) else [cores[index % len(cores)]]
+    os.sched_setaffinity(0, share)
+
 
 EXAMPLE_PLUGIN = Path(__file__).parent / "example_plugin"
 EXAMPLE_REWARD_PLUGIN = Path(__file__).parent / "example_reward_plugin"

@@ -7,6 +7,8 @@ distribution into such a checkout; ``python_environment`` makes the environment.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import subprocess
 import sys
 import tarfile
@@ -32,11 +34,12 @@ def sdist_checkout(requirement: str, downloads: Path, into: Path) -> Path:
     downloads.mkdir(parents=True, exist_ok=True)
     name, _, version = requirement.partition("==")
     pattern = f"{name}-{version or '*'}.tar.gz"
-    if not sorted(downloads.glob(pattern)):
-        command = [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps", requirement]
-        done = subprocess.run([*command, "-d", str(downloads)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise PropelError(f"cannot download the sdist of {requirement}: {done.stderr.strip()[-300:]}")
+    with exclusive(downloads / ".lock"):
+        if not sorted(downloads.glob(pattern)):
+            command = [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps", requirement]
+            done = subprocess.run([*command, "-d", str(downloads)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise PropelError(f"cannot download the sdist of {requirement}: {done.stderr.strip()[-300:]}")
     archives = sorted(downloads.glob(pattern))
     if not archives:
         raise PropelError(f"{requirement} has no .tar.gz source distribution")
@@ -46,18 +49,33 @@ def sdist_checkout(requirement: str, downloads: Path, into: Path) -> Path:
     return git_checkout(into / top)
 
 
+@contextlib.contextmanager
+def exclusive(lock: Path):
+    """Hold ``lock`` (a file, made if missing) against every other process that asks for it: two
+    processes that build the same cached folder take turns, and the second finds it built."""
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def python_environment(folder: Path, packages: list[str]) -> Path:
-    """A virtual environment at ``folder`` with ``packages`` installed (kept once it is complete)."""
+    """A virtual environment at ``folder`` with ``packages`` installed (kept once it is complete; one
+    process builds it while any other that asks waits)."""
     ready = folder / ".propel-ready"
-    if ready.exists() and ready.read_text() == "\n".join(packages):
+    wanted = "\n".join(packages)
+    if ready.exists() and ready.read_text() == wanted:
         return folder
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(folder)], check=True)
-    done = subprocess.run(
-        [str(folder / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *packages],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise PropelError(f"cannot install {' '.join(packages)} into {folder}: {done.stderr.strip()[-300:]}")
-    ready.write_text("\n".join(packages))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(folder.with_name(f"{folder.name}.lock")):
+        if ready.exists() and ready.read_text() == wanted:  # built while this one waited
+            return folder
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(folder)], check=True)
+        done = subprocess.run(
+            [str(folder / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *packages],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise PropelError(f"cannot install {' '.join(packages)} into {folder}: {done.stderr.strip()[-300:]}")
+        ready.write_text(wanted)
     return folder

@@ -68,3 +68,24 @@ def test_swesmith_import(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps([{"repo": "x"}]))
     with pytest.raises(PropelError, match="missing image_name, test_cmd"):
         load_registry(tmp_path / "bad.json")
+
+
+def test_two_processes_building_one_cached_folder_take_turns(tmp_path):
+    """``exclusive`` (what python_environment and sdist_checkout hold while they build): two real
+    processes asking for one lock hold it one after the other, never both at once."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from propel_swe.checkout import exclusive\n"
+        "with exclusive(Path(sys.argv[1])):\n"
+        "    start = time.monotonic(); time.sleep(0.5)\n"
+        "    open(sys.argv[2], 'a').write(f'{start} {time.monotonic()}\\n')\n"
+    )
+    log = tmp_path / "held"
+    both = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "lock"), str(log)]) for _ in range(2)]
+    assert [process.wait(timeout=60) for process in both] == [0, 0]
+    first, second = sorted(tuple(map(float, line.split())) for line in log.read_text().splitlines())
+    assert first[1] <= second[0]  # the second began after the first let go
