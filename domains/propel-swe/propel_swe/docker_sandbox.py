@@ -55,6 +55,8 @@ class DockerSandbox:
             self.client.ping()
         except Exception as exc:  # docker raises several unrelated types when there is no engine
             raise SandboxUnavailable(f"no Docker engine reachable (DOCKER_HOST or the default socket): {exc}") from None
+        engine_cpus = self.client.info().get("NCPU") or cpus  # the engine refuses a container asking for more
+        self.cpus = min(cpus, float(engine_cpus))
 
     def workspace(self, path: Path | None = None, image: str | None = None, workdir: str = "/testbed"):
         """A fresh container from ``image``; or from ``base_image`` with the checkout at ``path`` copied in."""
