@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="a propel config (benchmarks/frontier_shift.yaml)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
-    parser.add_argument("--seeds", type=int, default=3, help="RL seeds (0..N-1), each trains every arm")
+    parser.add_argument("--seeds", type=int, default=3, help="RL seeds (0..N-1), each trains every arm of --arms")
     parser.add_argument(
         "--arms",
         default=",".join(TRAINED),
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     args = parser.parse_intermixed_args(argv)
-    trained = [arm for arm in args.arms.split(",") if arm]
+    trained = list(dict.fromkeys(arm.strip() for arm in args.arms.split(",") if arm.strip()))
     if not trained or set(trained) - set(TRAINED):
         parser.error(f"--arms {args.arms!r}: choose one or more of {', '.join(TRAINED)}, comma-separated")
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
@@ -135,9 +135,10 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("generate", "label", "extract", "probe"):
         timings.run(("corpus", name), lambda name=name: STAGES[name](run))
     members = root / "ensemble"
-    size = run.config.coevolve.ensemble_size
-    work = lambda: ensemble_probes(run.registry, run.dir, run.config.probe, run.config.seed, size, members)  # noqa: E731
-    timings.run(("corpus", "ensemble"), work)
+    if "wco" in trained:  # the other members of the ensemble wco takes the minimum over
+        size = run.config.coevolve.ensemble_size
+        work = lambda: ensemble_probes(run.registry, run.dir, run.config.probe, run.config.seed, size, members)  # noqa: E731
+        timings.run(("corpus", "ensemble"), work)
     extra = sorted(members.glob("seed-*"))
 
     probe = load_probe(run.dir / "probes" / "selected", run.registry)

@@ -478,7 +478,7 @@ class Cell:
     """
 
     def __init__(self, sandbox: LocalSandbox, extra_bytes: int = 0, extra_files: int = 0):
-        self._tmp = Path(tempfile.mkdtemp(prefix="propel-sandbox-"))
+        self._tmp = Path(tempfile.mkdtemp(prefix=f"{CELL_PREFIX}{os.getpid()}-"))  # whose it is, by pid
         self.folder = self._tmp / "cell"
         self.folder.mkdir()
         self.isolated = sandbox.isolated
@@ -581,6 +581,8 @@ def _mount_tmpfs(folder: Path, size: int, inodes: int, uid: int) -> None:
 
 
 OUT_DIR = "/propel-out"  # a writable folder outside the checkout, in every workspace
+#: a cell's folder under the temporary directory: this prefix, then the pid of the process that made it
+CELL_PREFIX = "propel-sandbox-"
 
 
 class Workspace:

@@ -157,6 +157,17 @@ def stray_sandbox_processes(uids: range) -> list[str]:
     return stray
 
 
+def sandbox_folders_left() -> list[str]:
+    """The sandbox cell folders this process made that are still there; those of another process
+    (a test session beside this one, with runs under way) are not counted."""
+    import os
+    import tempfile
+
+    from propel_plugins.sandbox import CELL_PREFIX
+
+    return sorted(path.name for path in Path(tempfile.gettempdir()).glob(f"{CELL_PREFIX}{os.getpid()}-*"))
+
+
 def assert_same_verdicts_concurrently(
     domain, attempts: list[tuple[dict, str]], threads: int = 8, rounds: int = 2, seed: int = 0
 ) -> None:

@@ -22,7 +22,8 @@ def pytest_configure(config):
     if worker is None or count is None or not hasattr(os, "sched_setaffinity"):
         return
     cores = sorted(os.sched_getaffinity(0))
-    index, count = int(worker.removeprefix("gw")), int(count)
+    count = int(count)
+    index = int(worker.removeprefix("gw")) % count  # a worker restarted after a crash is gw2, gw3, ...
     share = cores[index::count] if count <= len(cores) else [cores[index % len(cores)]]
     os.sched_setaffinity(0, share)
 
@@ -32,7 +33,12 @@ EXAMPLE_REWARD_PLUGIN = Path(__file__).parent / "example_reward_plugin"
 
 
 def pip_install(package: Path, site: Path) -> None:
-    """``pip install`` a package of tests/ into the folder ``site``, with no dependencies."""
+    """``pip install`` a package of tests/ into the folder ``site``, with no dependencies; built from a
+    copy beside ``site``, so two test workers never build in the source folder at once."""
+    import shutil
+
+    copy = site.with_name(f"{site.name}-source")
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run(
         [
             sys.executable,
@@ -44,7 +50,7 @@ def pip_install(package: Path, site: Path) -> None:
             "--no-build-isolation",
             "--target",
             str(site),
-            str(package),
+            str(copy),
         ],
         check=True,
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from propel_core.errors import PropelError
-from propel_core.testing import MEMORY_PINNERS, stray_sandbox_processes
+from propel_core.testing import MEMORY_PINNERS, sandbox_folders_left, stray_sandbox_processes
 from propel_plugins.sandbox import STATUSES, LocalSandbox, SandboxUnavailable, plain_json
 
 
@@ -128,8 +128,9 @@ def test_a_full_workdir_is_its_own_status_and_the_host_is_untouched(sandbox, cod
     before = shutil.disk_usage(tempfile.gettempdir()).used
     result = run(sandbox, code)
     assert (result.status, detail in (result.detail or "")) == ("disk_limit", True), (result.status, result.detail)
-    assert abs(shutil.disk_usage(tempfile.gettempdir()).used - before) < 32 << 20
-    assert not list(Path(tempfile.gettempdir()).glob("propel-sandbox-*"))
+    # the flood is 800 MiB or 100,000 files; other processes (a second test worker) may write a little
+    assert abs(shutil.disk_usage(tempfile.gettempdir()).used - before) < 200 << 20
+    assert sandbox_folders_left() == []
 
 
 def test_nothing_outlives_a_run(sandbox):
@@ -141,7 +142,7 @@ def test_nothing_outlives_a_run(sandbox):
     )
     for _ in range(3):
         assert run(sandbox, code).status == "timeout"
-    assert not list(Path(tempfile.gettempdir()).glob("propel-sandbox-*"))
+    assert sandbox_folders_left() == []
     assert stray_sandbox_processes(sandbox.uids) == []
 
 
@@ -257,7 +258,7 @@ def test_a_folder_chain_of_any_depth_is_cleaned_up(sandbox, tmp_path):
         assert ws.run(f"cd /tmp && {chain}", time_limit=60).stdout == "built\n"
         assert set(ws.run("ls -A /tmp").stdout.split()) == mounted
         assert ws.run(chain, time_limit=60).stdout == "built\n"
-    assert not list(Path(tempfile.gettempdir()).glob("propel-sandbox-*"))
+    assert sandbox_folders_left() == []
     unisolated = tmp_path / "plain"
     unisolated.mkdir()
     from propel_plugins.sandbox import remove_tree

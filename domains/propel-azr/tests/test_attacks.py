@@ -10,15 +10,13 @@ import base64
 import json
 import os
 import socket
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from propel_core.domain import make_task
 from propel_core.records import Context, Task, Validity
-from propel_core.testing import stray_sandbox_processes
+from propel_core.testing import sandbox_folders_left, stray_sandbox_processes
 
 TIME_LIMIT = 2.0
 SECRET = "propel-secret-canary-value"
@@ -163,16 +161,10 @@ def sandbox_processes() -> list[str]:
     return stray_sandbox_processes(LocalSandbox(time_limit=1).uids)
 
 
-def sandbox_leftovers() -> list[str]:
-    """Sandbox folders left behind (one still mounted belongs to a run under way elsewhere)."""
-    folders = Path(tempfile.gettempdir()).glob("propel-sandbox-*")
-    return [path.name for path in folders if not os.path.ismount(path / "cell")]
-
-
 def assert_contained(host, started: float, *texts: str) -> None:
     time.sleep(0.2)  # let the kernel finish tearing down the pid namespace
     assert sandbox_processes() == []
-    assert sandbox_leftovers() == []
+    assert sandbox_folders_left() == []
     assert sorted(p.name for p in host["folder"].iterdir()) == ["canary.txt"]
     assert host["canary"].read_text() == "untouched"
     with pytest.raises(TimeoutError):

@@ -24,6 +24,8 @@ import threading
 import time
 import weakref
 
+from propel_plugins.executors import available_cores
+
 MAX_REQUESTS = 200  # a worker's CPU limit (an hour) covers this many requests of the longest timeout
 
 
@@ -32,7 +34,7 @@ class Verifier:
         self.timeout, self.startup_timeout, self.memory_mb = timeout, startup_timeout, memory_mb
         self._idle: list[Worker] = []
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(os.cpu_count() or 1)
+        self._slots = threading.BoundedSemaphore(available_cores())  # its CPU affinity and quota, not the machine's
 
     def equal(self, gold: str, answer: str) -> bool | None:
         """Whether ``answer`` equals ``gold`` symbolically; None when the worker timed out or died

@@ -160,10 +160,15 @@ raise SystemExit("nothing found")
 }
 
 
+#: attacks that need more than the domain's 30 s (the search takes 10 s alone, over 30 s on a busy machine)
+SLOW_PEEKS = {"a search of the whole file system": 180.0}
+assert set(SLOW_PEEKS) <= set(PEEKS)
+
+
 @pytest.mark.parametrize("name", PEEKS)
 def test_a_solution_cannot_read_the_held_out_labels(mle, name, monkeypatch):
-    if name == "a search of the whole file system":  # 10 s alone, over 30 s on a busy machine
-        monkeypatch.setattr(mle, "time_limit", 180.0)
+    if name in SLOW_PEEKS:
+        monkeypatch.setattr(mle, "time_limit", SLOW_PEEKS[name])
     verdict = grade(mle, IRIS, PEEKS[name])
     assert verdict.diagnostics["verifier_score"] is None, verdict.reason
     assert verdict.solved is False

@@ -34,12 +34,13 @@ def sdist_checkout(requirement: str, downloads: Path, into: Path) -> Path:
     downloads.mkdir(parents=True, exist_ok=True)
     name, _, version = requirement.partition("==")
     pattern = f"{name}-{version or '*'}.tar.gz"
-    with exclusive(downloads / ".lock"):
-        if not sorted(downloads.glob(pattern)):
-            command = [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps", requirement]
-            done = subprocess.run([*command, "-d", str(downloads)], capture_output=True, text=True)
-            if done.returncode != 0:
-                raise PropelError(f"cannot download the sdist of {requirement}: {done.stderr.strip()[-300:]}")
+    command = [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps", "-d", str(downloads)]
+    if not sorted(downloads.glob(pattern)):
+        with exclusive(downloads / ".lock"):  # another process may be fetching it: wait, then look again
+            if not sorted(downloads.glob(pattern)):
+                done = subprocess.run([*command, requirement], capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise PropelError(f"cannot download the sdist of {requirement}: {done.stderr.strip()[-300:]}")
     archives = sorted(downloads.glob(pattern))
     if not archives:
         raise PropelError(f"{requirement} has no .tar.gz source distribution")
@@ -63,11 +64,18 @@ def python_environment(folder: Path, packages: list[str]) -> Path:
     process builds it while any other that asks waits)."""
     ready = folder / ".propel-ready"
     wanted = "\n".join(packages)
-    if ready.exists() and ready.read_text() == wanted:
+
+    def built() -> bool:
+        try:
+            return ready.read_text() == wanted
+        except OSError:  # not there, or removed by a rebuild under way
+            return False
+
+    if built():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(folder.with_name(f"{folder.name}.lock")):
-        if ready.exists() and ready.read_text() == wanted:  # built while this one waited
+        if built():  # built while this one waited
             return folder
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(folder)], check=True)
         done = subprocess.run(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import shlex
 import tarfile
 import threading
@@ -24,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from propel_core.errors import PropelError
 from propel_plugins.sandbox import OUT_DIR, SandboxResult, SandboxUnavailable
 
+log = logging.getLogger(__name__)
 LABEL = "propel.workspace"
 SHM_BYTES = 64 << 20  # /dev/shm, inside the memory limit like everything else
 KILLED = 128 + 9  # the exit status of a command that ended by SIGKILL, as the OOM killer ends one
@@ -53,10 +55,12 @@ class DockerSandbox:
 
             self.client = docker.from_env(timeout=300)
             self.client.ping()
+            engine_cpus = float(self.client.info().get("NCPU") or cpus)
         except Exception as exc:  # docker raises several unrelated types when there is no engine
             raise SandboxUnavailable(f"no Docker engine reachable (DOCKER_HOST or the default socket): {exc}") from None
-        engine_cpus = self.client.info().get("NCPU") or cpus  # the engine refuses a container asking for more
-        self.cpus = min(cpus, float(engine_cpus))
+        if engine_cpus < cpus:  # the engine refuses a container that asks for more
+            log.warning("docker sandbox: cpus %g is more than the engine's %g CPUs; using those", cpus, engine_cpus)
+            self.cpus = engine_cpus
 
     def workspace(self, path: Path | None = None, image: str | None = None, workdir: str = "/testbed"):
         """A fresh container from ``image``; or from ``base_image`` with the checkout at ``path`` copied in."""

@@ -71,21 +71,29 @@ def test_swesmith_import(tmp_path):
 
 
 def test_two_processes_building_one_cached_folder_take_turns(tmp_path):
-    """``exclusive`` (what python_environment and sdist_checkout hold while they build): two real
-    processes asking for one lock hold it one after the other, never both at once."""
+    """``exclusive`` (what python_environment and sdist_checkout hold while they build): a second real
+    process that asks for the lock while the first holds it gets it only after the first let go."""
     import subprocess
     import sys
+    import time
 
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
         "from propel_swe.checkout import exclusive\n"
         "with exclusive(Path(sys.argv[1])):\n"
-        "    start = time.monotonic(); time.sleep(0.5)\n"
+        "    start = time.monotonic()\n"
+        "    Path(sys.argv[3]).touch()\n"
+        "    time.sleep(1.0)\n"
         "    open(sys.argv[2], 'a').write(f'{start} {time.monotonic()}\\n')\n"
     )
-    log = tmp_path / "held"
-    both = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "lock"), str(log)]) for _ in range(2)]
-    assert [process.wait(timeout=60) for process in both] == [0, 0]
-    first, second = sorted(tuple(map(float, line.split())) for line in log.read_text().splitlines())
-    assert first[1] <= second[0]  # the second began after the first let go
+    lock, log = tmp_path / "lock", tmp_path / "held"
+    run = lambda name: subprocess.Popen([sys.executable, "-c", script, str(lock), str(log), str(tmp_path / name)])  # noqa: E731
+    first = run("first holds it")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "first holds it").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    second = run("second holds it")  # asks while the first holds the lock
+    assert [first.wait(timeout=60), second.wait(timeout=60)] == [0, 0]
+    spans = [tuple(map(float, line.split())) for line in log.read_text().splitlines()]
+    assert len(spans) == 2 and spans[0][1] <= spans[1][0]  # the second began after the first let go
