@@ -135,7 +135,8 @@ MEMORY_PINNERS = {name: _PIN.format(body=body) for name, body in MEMORY_PINNERS.
 def stray_sandbox_processes(uids: range) -> list[str]:
     """``uid pid command`` of each live process whose uid is in ``uids`` and that is not in the
     cgroup of a run another process has under way: a process still in one of this process's run
-    groups, or in no run group at all, outlived its run."""
+    groups, or in no run group at all, outlived its run. A process already in the kernel's exit path
+    (its memory released, so it runs no code) is not counted."""
     import os
 
     from propel_plugins.bounds import PREFIX
@@ -151,6 +152,8 @@ def stray_sandbox_processes(uids: range) -> list[str]:
         uid = int(status.get("Uid", "-1").split()[0])
         if uid not in uids or status.get("State", "").strip().startswith(("Z", "X")):
             continue
+        if "VmSize" not in status:  # its memory already released: exiting, it runs no code of its own
+            continue  # (a pid namespace's init waits so while the rest of the namespace is torn down)
         if f"/{PREFIX}" in groups and ours not in groups:
             continue  # a run of another process (a test session beside this one), still under way
         stray.append(f"{uid} {pid} {command.strip()}")
