@@ -14,6 +14,10 @@ by the embedded model as the solver (N turns at most, the default solver samplin
 
 ``--docker-image`` names an image with bash, git and Python with pytest (``propel swe image``
 builds one); six is copied into each container.
+
+``--layers`` also times the verification of the valid bug and the grading of its revert with each
+layer of the verdict switched off in turn (the guard, the second runner and its clock rechecks, the
+screen; docs/swe.md, "Three layers"), all arms interleaved in one run: what each layer costs.
 """
 
 import argparse
@@ -31,6 +35,7 @@ from propel_core.embedded import cache_dir
 from propel_core.plugins import Registry
 from propel_core.records import Context
 from propel_core.worker import model_reply
+from propel_swe import verifier
 from propel_swe.checkout import python_environment, sdist_checkout
 
 CONTEXT = Context(id="six", data={"repo": "six"})
@@ -38,8 +43,58 @@ CONTEXT = Context(id="six", data={"repo": "six"})
 
 def step(what: str, arms: dict, repeats: int) -> dict[str, list[float]]:
     times = compare(arms, repeats=repeats, warmup=1)
-    report(what, times, baseline="local" if len(arms) > 1 else None)
+    report(what, times, baseline=next(iter(arms)) if len(arms) > 1 else None)  # the first arm: local, all layers
     return times
+
+
+INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, sees nothing changed
+    b"def install(root, written):\n    return (lambda: 0), (lambda: False)\n\n\n"
+    b"def watch(prefixes):\n    return lambda: []\n"
+)
+
+
+def first_runner_again(ws, repo, tests, time_limit, shift_clock=0, guarding=None):
+    """The second runner switched off: the first answers in its place."""
+    suite = verifier.run_suite(ws, repo, time_limit, list(tests), guarding)
+    return {test: suite.tests.get(test, f"no answer ({suite.status})") for test in tests}
+
+
+#: arm -> the verifier's attributes replaced for it
+LAYERS = {
+    "all layers": {},
+    "no guard": {"GUARD": INERT_GUARD},
+    "no second runner": {"second_run": first_runner_again},
+    "no screen": {"screen": lambda before, after, original=None: []},
+}
+
+
+def without(changes: dict, call):
+    """``call`` with the verifier's attributes in ``changes`` replaced, then put back."""
+
+    def run():
+        saved = {name: getattr(verifier, name) for name in changes}
+        try:
+            for name, value in changes.items():
+                setattr(verifier, name, value)
+            return call()
+        finally:
+            for name, value in saved.items():
+                setattr(verifier, name, value)
+
+    return run
+
+
+def layer_costs(domain, valid: dict, revert: str, repeats: int) -> dict:
+    """Seconds to verify ``valid`` and to grade its revert, all layers on and each off in turn."""
+    attempt = json.dumps({"diff": revert, "status": "finished", "turns": []})
+    verify = {arm: without(changes, lambda: domain.verify(dict(valid))) for arm, changes in LAYERS.items()}
+    verified = step("verification of one valid bug, by layers", verify, repeats)
+    grade = {arm: without(changes, lambda: domain.grade(valid, attempt)) for arm, changes in LAYERS.items()}
+    graded = step("grading its exact revert, by layers", grade, repeats)
+    return {
+        "verification_median_s": {arm: statistics.median(times) for arm, times in verified.items()},
+        "grading_median_s": {arm: statistics.median(times) for arm, times in graded.items()},
+    }
 
 
 def measure(domains: dict, args) -> dict:
@@ -133,6 +188,8 @@ def measure(domains: dict, args) -> dict:
     times = step("grading that attempt on a clean checkout", {k: grade(k) for k in domains}, args.repeats)
     summary["grading_s"] = {k: statistics.median(v) for k, v in times.items()}
     print(f"  solved: {solved}")
+    if args.layers:
+        summary["layers"] = layer_costs(local, valid, json.loads(attempts["local"])["diff"], args.repeats)
 
     if args.model_turns:  # the embedded model as the solver: what a real attempt costs per turn here
         sampling = validate_config({"domain": {"name": "swe"}}, local.registry).solver.sampling
@@ -161,6 +218,7 @@ def main() -> None:
     parser.add_argument("--docker-image", help="also measure the docker sandbox with this base image")
     parser.add_argument("--model-turns", type=int, default=0, help="also time an embedded-model solver attempt")
     parser.add_argument("--model-tokens", type=int, default=0, help="cap its new tokens a turn (0: solver default)")
+    parser.add_argument("--layers", action="store_true", help="also time each layer of the verdict switched off")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

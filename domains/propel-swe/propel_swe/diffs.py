@@ -12,39 +12,10 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-TEST_DIRS = frozenset({"test", "tests", "testing"})
-RUNNER_FILES = frozenset(
-    {
-        "conftest.py",
-        "pytest.ini",
-        ".pytest.ini",
-        "tox.ini",
-        "setup.cfg",
-        "pyproject.toml",
-        "noxfile.py",
-        "sitecustomize.py",
-        "usercustomize.py",
-        ".coveragerc",
-        "pytest.py",
-        "pytest.toml",
-        ".pytest.toml",
-    }
-)
+from propel_swe.guard import RUNNER_FILES, is_test_path
+
 CODE_SUFFIXES = (".py", ".pyc", ".pyi", ".pth", ".so")
 KINDS = ("dir", "link", "special", "unreadable")  # snapshot entries that are not a regular file's
-
-
-def is_test_path(path: str) -> bool:
-    """Tests, and the files that configure how tests run or how Python starts."""
-    parts = PurePosixPath(path).parts
-    name = parts[-1] if parts else ""
-    return (
-        any(part in TEST_DIRS for part in parts[:-1])
-        or name.startswith("test_")
-        or name.endswith("_test.py")
-        or name in RUNNER_FILES
-        or name.endswith(".pth")
-    )
 
 
 def changed(before: dict[str, str], after: dict[str, str]) -> list[str]:

@@ -33,6 +33,7 @@ from propel_swe.verifier import (
     apply_diffs,
     faketime_library,
     grade_fix,
+    node_ids,
     preflight,
     verify_bug,
     workspace,
@@ -302,14 +303,12 @@ class SWE(Domain):
             return Verdict(False, "the attempt changed nothing", {"turns": len(record.get("turns", []))})
         repo = self.repos[payload["repo"]]
         baseline = self.baseline(repo)
+        try:
+            failing = node_ids(payload.get("failing_tests") or [], baseline)
+        except PropelError as exc:
+            return Verdict(None, str(exc))
         solved, reason, diagnostics = grade_fix(
-            self.sandbox,
-            repo,
-            baseline,
-            payload["diff"],
-            record["diff"],
-            self.clean_sources(repo),
-            payload.get("failing_tests") or [],
+            self.sandbox, repo, baseline, payload["diff"], record["diff"], self.clean_sources(repo), failing
         )
         return Verdict(solved, reason, {**diagnostics, "turns": len(record.get("turns", []))})
 

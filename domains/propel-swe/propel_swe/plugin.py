@@ -80,6 +80,45 @@ def register_commands(cli):
             )
         click.echo(f"kept {sum(r['kept'] for r in rows)} of {len(rows)}; details in {out}")
 
+    @swe.command(context_settings={"ignore_unknown_options": True})
+    @click.argument("config", type=click.Path(exists=True, dir_okay=False))
+    @click.argument("overrides", nargs=-1)
+    @click.option(
+        "--bugs", type=click.IntRange(1), default=10, show_default=True, help="Procedural bugs per repository."
+    )
+    @click.pass_context
+    def verdicts(ctx: click.Context, config: str, overrides: tuple[str, ...], bugs: int) -> None:
+        """Try the verifier on each repository before training on it: verify its first BUGS procedural
+        bugs; each valid bug's revert must solve it, a change that does nothing and a README edit must
+        not, and the revert written in ordinary shapes of fix must solve the first -> RUN/swe/verdicts.json."""
+        from propel_core.cli import start
+        from propel_core.errors import PropelError
+        from propel_swe.verdicts import FIX_SHAPES, survey
+
+        run = start(ctx, [config], overrides)
+        if run.config.domain.name != "swe":
+            raise PropelError(f"propel swe verdicts needs domain.name: swe, not {run.config.domain.name!r}")
+        domain = run.domain()
+        found = []
+        with run.progress("verdicts", total=bugs * len(domain.repos)) as advance:
+            for name in domain.repos:
+                found.append(survey(domain, name, bugs, progress=advance))
+        out = run.dir / "swe" / "verdicts.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(found, indent=1))
+        click.echo(f"{'repository':30} {'valid':>7} {'reverts':>8} {'no-ops':>7} {'readme':>7} {'shapes':>7}")
+        for row in found:
+            shapes = f"{sum(row['shapes_solved'].values())}/{len(FIX_SHAPES) if row['shapes_solved'] else 0}"
+            valid, reverts = f"{row['valid']}/{row['bugs']}", f"{row['reverts_solved']}/{row['valid']}"
+            click.echo(
+                f"{row['repo'][:30]:30} {valid:>7} {reverts:>8} {row['no_ops_solved']:7d} "
+                f"{row['readme_edits_solved']:7d} {shapes:>7}"
+            )
+        click.echo(
+            "reverts and shapes should all solve, no-ops and README edits none; each bug's verdicts and reasons "
+            f"are in {out}"
+        )
+
     @swe.command()
     @click.argument("tag")
     @click.option(

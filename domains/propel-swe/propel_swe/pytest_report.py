@@ -1,24 +1,37 @@
 """The pytest plugin propel puts into every run of a repository's suite (through ``PYTEST_PLUGINS``).
 
 It runs inside the sandbox, in the same process as the code under test, so it imports nothing but
-the standard library. pytest imports it while it reads its options, before capturing output and
-before any code of the repository is imported; at that moment it reads its orders from
-``orders.json`` beside it (the run's key, the checkout's root, the tests to select), deletes the
-file, and duplicates descriptor 3, a pipe straight to the harness. Then it writes, on that
-descriptor, one line per event:
+the standard library and the guard beside it. pytest imports it, under a module name drawn per run,
+while it reads its options, before capturing output and before any code of the repository is
+imported; at that moment it reads its orders from ``orders.json`` beside it (the run's key, the
+checkout's root, the tests to select, the guard's module name), deletes the file, installs the guard
+(``guard``: what the code under test may not do), and duplicates descriptor 3, a pipe straight to
+the harness. Once pytest has registered it, it takes itself out of ``sys.modules``, so the code under
+test cannot look it up by name or by its attributes. Then it writes, on that descriptor, one line
+per event:
 
     PROPEL-REPORT <key> {"event": "start"}
     PROPEL-REPORT <key> {"event": "test", "id": "<pytest node id>", "outcome": "passed"}
     PROPEL-REPORT <key> {"event": "end", "exitstatus": 1, "imported": ["pkg/core.py", ...]}
 
-A test's line is written once, when its last phase is reported: ``error`` (collection, set-up or
-tear-down failed), ``failed`` (the test itself failed), ``skipped`` (skipped or an expected
-failure) or ``passed``. ``imported`` lists the files under the checkout that were imported by the
-end of the session. A pipe cannot be rewritten: what the code under test writes after the end
-line, or a second line for a test, is seen by the harness as tampering. When the orders select
-tests (node ids), every other test is deselected.
+Before each line it checks that pytest, pluggy, unittest, json and the builtins still hold the
+functions and classes they held when it was imported (``guard.watch``), other than those the clean
+suite changes itself, and that no plugin was registered while the change's code ran; if not, it writes one
+``{"event": "tampered"}`` line and nothing more. A test's line is written once, when its last phase
+is reported: ``error`` (collection, set-up or tear-down failed), ``failed`` (the test itself
+failed), ``skipped`` (skipped or an expected failure) or ``passed``; ``refused`` in place of the
+last two once the guard has refused the change anything (it ran otherwise than it would outside).
+``imported`` lists the files under the checkout that were imported by the end of the session. A pipe
+cannot be rewritten: what the code under test writes after the end line, or a second line for a
+test, is seen by the harness as tampering. When the orders select tests (node ids), every other test
+is deselected.
 """
 
+# a private copy of the builtins, taken before any code of the repository runs: every function this
+# module defines looks names up there, so code under test that replaces a builtin changes nothing here
+__builtins__ = dict(vars(__import__("builtins")))
+
+import importlib
 import json
 import os
 import sys
@@ -38,8 +51,20 @@ def _orders():
 
 
 ORDERS = _orders()
+#: the modules whose functions and classes pytest calls on its way from a test to this plugin's lines
+WATCHED = ("_pytest", "pytest", "pluggy", "unittest", "json", "builtins")
+#: what the clean suite itself changes of them (pytest's legacypath plugin, a repository's conftest)
+ALLOWED = frozenset(ORDERS.get("machinery") or ())
+TAMPERED = '{"event": "tampered"}'  # written as it is: json's encoder may be what was changed
 KEY, ROOT = ORDERS.get("key", ""), Path(ORDERS.get("root") or os.getcwd())
 SELECT = None if ORDERS.get("select") is None else set(ORDERS["select"])
+_intact = _refusals = _asks = None
+_plugin_of_the_change = False  # a pytest plugin registered while the change's code ran
+if ORDERS.get("guard"):
+    _guard = importlib.import_module(ORDERS["guard"])
+    _intact = _guard.watch(WATCHED)
+    _refusals, _asks = _guard.install(str(ROOT), ORDERS.get("written") or {})
+    del _guard
 try:
     OUT = os.dup(3)
 except OSError:
@@ -53,9 +78,15 @@ _dumps, _write = json.dumps, os.write
 
 
 def _emit(event):
+    global _active
     if OUT is None or not _active:
         return
-    data = f"PROPEL-REPORT {KEY} {_dumps(event)}\n".encode()
+    if _plugin_of_the_change or (ORDERS.get("written") and _intact is not None and set(_intact()) - ALLOWED):
+        _active = False
+        event_text = TAMPERED
+    else:
+        event_text = _dumps(event)
+    data = f"PROPEL-REPORT {KEY} {event_text}\n".encode()
     while data:
         data = data[_write(OUT, data) :]
 
@@ -70,6 +101,14 @@ def _outcome(phases):
     if "skipped" in (phases.get("setup"), phases.get("call")):
         return "skipped"
     return "passed" if phases.get("call") == "passed" else "error"
+
+
+def pytest_plugin_registered(plugin):
+    global _plugin_of_the_change
+    if plugin is sys.modules.get(__name__):
+        del sys.modules[__name__]
+    elif _asks is not None and _asks():  # pytest's config reached (sys.meta_path holds it) and used
+        _plugin_of_the_change = True
 
 
 def pytest_configure(config):
@@ -99,7 +138,10 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_runtest_logreport(report):
     _phases.setdefault(report.nodeid, {})[report.when] = report.outcome
     if report.when == "teardown":  # always the last phase, whatever happened before it
-        _emit({"event": "test", "id": report.nodeid, "outcome": _outcome(_phases.pop(report.nodeid))})
+        outcome = _outcome(_phases.pop(report.nodeid))
+        if _refusals is not None and _refusals() and outcome in ("passed", "failed"):
+            outcome = "refused"  # the change asked the guard for something: not what it does outside
+        _emit({"event": "test", "id": report.nodeid, "outcome": outcome})
 
 
 @pytest.hookimpl(trylast=True)
@@ -114,4 +156,5 @@ def pytest_sessionfinish(session, exitstatus):
         except ValueError:
             continue
         imported.add(relative.as_posix())
-    _emit({"event": "end", "exitstatus": int(exitstatus), "imported": sorted(imported)})
+    machinery = sorted(_intact()) if _intact is not None else []
+    _emit({"event": "end", "exitstatus": int(exitstatus), "imported": sorted(imported), "machinery": machinery})

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MARK = "PROPEL-REPORT"
-OUTCOMES = ("passed", "failed", "error", "skipped")
+OUTCOMES = ("passed", "failed", "error", "skipped", "refused")  # refused: the guard denied the change something
 PLUGIN = (Path(__file__).parent / "pytest_report.py").read_bytes()
 
 #: Run as ``python -I -S``: the standard library only, no site, no environment, the checkout not on
@@ -53,6 +53,7 @@ with open(sys.argv[1], "w") as out:
 class Report:
     tests: dict[str, str] = field(default_factory=dict)
     imported: list[str] = field(default_factory=list)
+    machinery: list[str] = field(default_factory=list)  # runner functions and classes the run changed
     problem: str | None = None
 
 
@@ -77,6 +78,8 @@ def read_report(stdout: str, key: str) -> Report:
     if not events:
         return Report(problem="the suite ran without the report plugin (is the test command pytest?)")
     kinds = [event.get("event") for event in events]
+    if "tampered" in kinds:
+        return Report(problem="the code under test changed the functions or classes that report outcomes: tampered")
     if kinds[0] != "start" or kinds.count("start") != 1:
         return Report(problem="the report does not open with exactly one start: forged")
     if "end" not in kinds:
@@ -92,4 +95,6 @@ def read_report(stdout: str, key: str) -> Report:
         report.tests[test] = outcome
     imported = events[-1].get("imported")
     report.imported = [path for path in imported if isinstance(path, str)] if isinstance(imported, list) else []
+    machinery = events[-1].get("machinery")
+    report.machinery = [name for name in machinery if isinstance(name, str)] if isinstance(machinery, list) else []
     return report

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Literal
@@ -26,7 +28,14 @@ class RepoSpec(BaseModel):
     path: Path | None = Field(None, description="a local git checkout (the local sandbox copies it)")
     image: str | None = Field(None, description="a container image with the checkout at workdir (docker)")
     workdir: str = "/testbed"
-    test_command: str = "python -m pytest -q -p no:cacheprovider"
+    test_command: str = Field(
+        "python -m pytest -q -p no:cacheprovider",
+        description="a shell command run from workdir; leading NAME=value words (or env NAME=value) set "
+        "the tests' environment, for both runners",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="variables the tests need, for both runners (beside the command's own)"
+    )
     parser: Literal["pytest"] = "pytest"
     time_budget: float = Field(
         600.0, gt=0, description="seconds for the preflight run; verification runs get 10x its duration (30 s..this)"
@@ -38,11 +47,43 @@ class RepoSpec(BaseModel):
             raise ValueError(f"repository {self.name!r} needs a path (local checkout) or an image")
         return self
 
+    @model_validator(mode="after")
+    def _names_are_variables(self) -> RepoSpec:
+        bad = sorted(name for name in self.env if not VARIABLE.fullmatch(name))
+        if bad:
+            raise ValueError(f"repository {self.name!r}: env names must be shell variable names: {', '.join(bad)}")
+        return self
+
     def key(self) -> str:
-        """Names this exact repository state and suite: the commit (or image) and the test command."""
+        """Names this exact repository state and suite: the commit (or image), the test command and
+        its environment."""
         state = self.image or commit_of(self.path)
-        blob = json.dumps([self.name, state, self.workdir, self.test_command, self.parser])
+        blob = json.dumps([self.name, state, self.workdir, self.test_command, self.parser, RUNNERS])
+        if self.env:
+            blob += json.dumps(sorted(self.env.items()))
         return f"{self.name.replace('/', '__')}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+    def test_environment(self) -> tuple[list[str], str]:
+        """(shell lines that export the tests' environment, the test command without its leading
+        assignments). The command's own ``NAME=value`` words keep their shell form, so ``$VAR`` in
+        them expands in the sandbox as it would on the command line; ``env`` values are literal and
+        come after. Both runners start from these lines (``verifier``)."""
+        found = ASSIGNMENTS.match(self.test_command)
+        raw = re.findall(r"[A-Za-z_][A-Za-z0-9_]*=(?:'[^']*'|\"[^\"]*\"|[^\s'\"])*", found.group(0)) if found else []
+        lines = [f"export {word}" for word in raw]
+        lines += [f"export {name}={shlex.quote(value)}" for name, value in self.env.items()]
+        return lines, self.test_command[found.end() :] if found else self.test_command
+
+    def variables(self) -> list[str]:
+        """The names the tests' environment sets (``test_environment``)."""
+        lines, _ = self.test_environment()
+        return list(dict.fromkeys(line.split(" ", 1)[1].split("=", 1)[0] for line in lines))
+
+
+RUNNERS = 2  # how the suite is run; a preflight cached by earlier runners is run again
+VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: a command's leading variable assignments, optionally after ``env``
+ASSIGNMENTS = re.compile(r"\s*(?:env\s+)?(?:[A-Za-z_][A-Za-z0-9_]*=(?:'[^']*'|\"[^\"]*\"|[^\s'\"])*\s+)+")
 
 
 def commit_of(path: Path) -> str:

@@ -1,27 +1,40 @@
 """The second runner: one test, in a fresh process, judged without pytest's reporting where it can.
 
-It runs inside the sandbox as ``python -I -B RUNNER ORDERS`` with a cleared environment (no variable
-names propel or pytest's plugins), from a folder and file whose names are drawn per run. It reads its
-orders (the test's node id, the descriptor to answer on, the run's nonce) from ORDERS and deletes the
-file before any code of the repository is imported, and takes every function it calls after the test
-(``os.write``, unittest's runners) at that moment too, so code under test that replaces one later
-changes nothing it writes. A plain test (a function, or a method of a plain class or a
-``unittest.TestCase``, taking no fixtures, in a file that uses no fixtures, marks or parametrization,
-with no ``conftest.py`` on its path) is called directly with its xunit set-up and tear-down, as
-pytest calls them, so pytest's runner and its hooks take no part. Any other test runs under
-``pytest.main`` with a recorder object passed in as a plugin: no module name, no ``PYTEST_PLUGINS``.
-It takes a list of tests and writes one line, ``NONCE OUTCOME ...`` (one word a test, in order), on
-the descriptor, a pipe to the harness that
-differs from the first runner's in number, key and format. Outcomes: ``passed``, ``failed`` (the
-test raised), ``skipped``, ``error`` (its set-up failed or it could not be run).
+It runs inside the sandbox as ``python -s -B RUNNER ORDERS`` in the repository's own test
+environment (the variables its test command and registry entry set, ``PYTHONPATH`` with ``src``
+for a src layout) and nothing else (no variable names propel or pytest's plugins), from a folder
+and file whose names are drawn per run. It reads its orders (the tests' node ids, the descriptor to
+answer on, the run's nonce, the guard's module and the lines the change wrote) from ORDERS and
+deletes the file before any code of the repository is imported. At that moment it also takes every
+function it calls after the test (``os.write``, unittest's runners), keeps the nonce and the
+descriptor in its own frame only, puts an empty module in place of ``__main__`` (so nothing of it
+can be looked up by name), snapshots the machinery it will call (``guard.watch``) and installs the
+guard (``guard.install``: no frames, ``gc``, ``ctypes`` or processes for the change's code).
+
+A plain test (a function, or a method of a plain class or a ``unittest.TestCase``, taking no
+fixtures, in a file that uses no fixtures, marks or parametrization, with no ``conftest.py`` on its
+path) is called directly with its xunit set-up and tear-down, as pytest calls them, so pytest's
+runner and its hooks take no part. Any other test runs under ``pytest.main`` with a recorder object
+passed in as a plugin: no module name, no ``PYTEST_PLUGINS``. It takes a list of tests and writes
+one line, ``NONCE OUTCOME ...`` (one word a test, in order), on the descriptor, a pipe to the
+harness that differs from the first runner's in number, key and format. Outcomes: ``passed``,
+``failed`` (the test raised), ``skipped``, ``error`` (its set-up failed or it could not be run),
+``refused`` (in place of passed or failed, once the guard has refused the change anything),
+``tampered`` (the machinery that judges a test was changed while it ran).
 """
+
+# a private copy of the builtins, taken before any code of the repository runs: every function this
+# module defines looks names up there, so code under test that replaces a builtin changes nothing here
+__builtins__ = dict(vars(__import__("builtins")))
 
 import contextlib
 import importlib
 import json
 import os
 import sys
+import types
 import unittest
+import warnings
 from pathlib import Path
 
 WRITE = os.write
@@ -31,19 +44,37 @@ NEEDS_PYTEST = ("fixture", "pytestmark", "parametrize", "usefixtures", "pytest.m
 MODULE_HOOKS = (("setup_module", "setUpModule"), ("teardown_module", "tearDownModule"))
 
 
+WATCHED = ("unittest", "_pytest", "pytest", "pluggy", "builtins")
+CHANGE = types.SimpleNamespace(asks=lambda: False)  # whether code the change wrote is on the stack (guard)
+
+
 def main() -> None:
+    write, join = WRITE, str.join
     orders_path = Path(sys.argv[1])
     orders = json.loads(orders_path.read_text())
     orders_path.unlink()
     root, tests, nonce, fd = Path(orders["root"]), orders["tests"], orders["nonce"], orders["fd"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
     sys.path.insert(0, str(root))  # as ``python -m pytest`` run from the checkout has it
+    intact = refusals = None
     try:
-        outcomes = run(root, tests)
+        if any(_needs_pytest(root, test) for test in tests):
+            import pytest  # noqa: F401  (before the repository's code, so the snapshot holds it)
+        guard = importlib.import_module(orders["guard"])
+        intact = guard.watch(WATCHED)
+        refusals, CHANGE.asks = guard.install(str(root), orders.get("written") or {})
+        del guard
+        with warnings.catch_warnings(record=True):  # recorded, as pytest does: never shown with a source line
+            outcomes = run(root, tests)
     except BaseException:  # the runner could not load or find a test, or a test left the process
         outcomes = ["error"] * len(tests)
-    data = (nonce + " " + " ".join(outcomes) + "\n").encode()
+    if refusals is not None and refusals():  # the change asked the guard for something
+        outcomes = ["refused" if outcome in ("passed", "failed") else outcome for outcome in outcomes]
+    if intact is not None and set(intact()) - set(orders.get("machinery") or ()):  # the change replaced what judges
+        outcomes = ["tampered"] * len(tests)
+    data = (nonce + " " + join(" ", outcomes) + "\n").encode()
     while data:
-        data = data[WRITE(fd, data) :]
+        data = data[write(fd, data) :]
 
 
 def run(root: Path, tests: list[str]) -> list[str]:
@@ -185,7 +216,10 @@ def run_under_pytest(root: Path, tests: list[str]) -> dict[str, str]:
 
     class Recorder:
         def __init__(self):
-            self.outcomes, self.phases = {}, {}
+            self.outcomes, self.phases, self.plugin_of_the_change = {}, {}, False
+
+        def pytest_plugin_registered(self, plugin):
+            self.plugin_of_the_change = self.plugin_of_the_change or (plugin is not self and CHANGE.asks())
 
         def pytest_runtest_logreport(self, report):
             phases = self.phases.setdefault(report.nodeid, {})
@@ -204,6 +238,8 @@ def run_under_pytest(root: Path, tests: list[str]) -> dict[str, str]:
     recorder = Recorder()
     os.chdir(root)
     pytest.main([*tests, "-q", "-p", "no:cacheprovider"], plugins=[recorder])
+    if recorder.plugin_of_the_change:  # pytest's config reached (sys.meta_path holds it) and used
+        return dict.fromkeys(tests, "tampered")
     return {test: recorder.outcomes.get(test, "error") for test in tests}
 
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from propel_core.errors import PropelError
 from propel_plugins.sandbox import OUT_DIR
 from propel_swe.diffs import change_problems, is_test_path, run_problems
+from propel_swe.guard import written_lines
 from propel_swe.report import OUTCOMES, PLUGIN, SNAPSHOT, read_report
 from propel_swe.repos import RepoSpec
 from propel_swe.screen import screen
@@ -32,6 +33,11 @@ MAX_BASELINE_FAILURES = 1  # paper 13.1
 RECHECKS = 3  # failing tests of a bug run again, each alone in a fresh process on a fresh checkout
 MIN_SUITE_SECONDS, SUITE_BUDGET_FACTOR = 30.0, 10.0  # a verification's budget from the preflight's duration
 SECOND_RUNNER = (Path(__file__).parent / "second_runner.py").read_bytes()
+GUARD = (Path(__file__).parent / "guard.py").read_bytes()
+#: a src layout (code under src/, no package there) is importable as an installed package would be
+SRC_LAYOUT = (
+    'if [ -d src ] && [ ! -e src/__init__.py ]; then export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/src"; fi'
+)
 # how far libfaketime moves the clock when a bug's failing tests run again, in two runs: to the end of
 # this range (less a random part of a day), so a bug that only lasts until a date in it is seen, and to
 # a time drawn afresh in it, so a bug that comes back periodically (years ending in 6) has no fixed
@@ -43,6 +49,7 @@ class SuiteRun(BaseModel):
     status: str = Field(description="ok: the suite ran and reported; else tampered, no_report, timeout, ...")
     tests: dict[str, str] = Field(default_factory=dict, description="pytest node id -> outcome")
     imported: list[str] = Field(default_factory=list)
+    machinery: list[str] = Field(default_factory=list, description="runner functions the run changed")
     duration: float = 0.0
     detail: str | None = None
 
@@ -59,6 +66,9 @@ class Baseline(BaseModel):
     duration: float = 0.0
     imported_files: list[str] = Field(
         default_factory=list, description="non-test files of the checkout the suite imported (repo-relative)"
+    )
+    machinery_changes: list[str] = Field(
+        default_factory=list, description="functions and classes of the runners that the clean suite changes"
     )
     detail: str | None = None
 
@@ -89,19 +99,39 @@ def suite_budget(repo: RepoSpec, baseline: Baseline) -> float:
     return min(repo.time_budget, max(MIN_SUITE_SECONDS, SUITE_BUDGET_FACTOR * baseline.duration))
 
 
-def run_suite(ws, repo: RepoSpec, time_limit: float, select: list[str] | None = None) -> SuiteRun:
-    """Run the test command with our report plugin (``pytest_report``) loaded from a folder whose
-    name the code under test cannot know in advance; the outcome of each test from the plugin's
-    lines on descriptor 3, the suite's own output to a log file. ``select``: only these node ids."""
+def test_environment(repo: RepoSpec) -> tuple[str, str]:
+    """(shell lines that enter the checkout and set the tests' environment as the registry gives it,
+    a src layout on ``PYTHONPATH``; the test command without its leading assignments): where both
+    runners start."""
+    lines, command = repo.test_environment()
+    return "\n".join([f"cd {shlex.quote(repo.workdir)}", *lines, SRC_LAYOUT]), command
+
+
+def run_suite(
+    ws,
+    repo: RepoSpec,
+    time_limit: float,
+    select: list[str] | None = None,
+    guarding: dict[str, Any] | None = None,
+) -> SuiteRun:
+    """Run the test command in its environment with our report plugin (``pytest_report``) and the
+    guard beside it, under module and folder names the code under test cannot know in advance; the
+    outcome of each test from the plugin's lines on descriptor 3, the suite's own output to a log
+    file. ``select``: only these node ids; ``guarding``: what the guard is told (``guard_orders``)."""
     folder, key = f"{OUT_DIR}/run-{secrets.token_hex(8)}", secrets.token_hex(16)
+    plugin, guard = f"p{secrets.token_hex(6)}", f"g{secrets.token_hex(6)}"
     made = ws.run(f"mkdir -m 755 {folder}")
     if made.returncode != 0:
         return SuiteRun(status="sandbox_error", detail=f"could not prepare the run: {made.stderr.strip()[-200:]}")
-    ws.write(f"{folder}/propel_report.py", PLUGIN)
-    ws.write(f"{folder}/orders.json", json.dumps({"key": key, "root": repo.workdir, "select": select}).encode())
+    ws.write(f"{folder}/{plugin}.py", PLUGIN)
+    ws.write(f"{folder}/{guard}.py", GUARD)
+    orders = {"key": key, "root": repo.workdir, "select": select, "guard": guard, **(guarding or {})}
+    ws.write(f"{folder}/orders.json", json.dumps(orders).encode())
+    prelude, test_command = test_environment(repo)
     command = (
-        f"export PYTHONPATH={folder}${{PYTHONPATH:+:$PYTHONPATH}} PYTEST_PLUGINS=propel_report\n"
-        f"{{ {repo.test_command}\n}} 3>&1 >{folder}/suite.log 2>&1"
+        f"{prelude}\nexport PYTHONPATH={folder}${{PYTHONPATH:+:$PYTHONPATH}} "
+        f"PYTEST_PLUGINS={plugin}${{PYTEST_PLUGINS:+,$PYTEST_PLUGINS}}\n"
+        f"{{ {test_command}\n}} 3>&1 >{folder}/suite.log 2>&1"
     )
     result = ws.run(command, time_limit=time_limit)
     if result.status not in ("ok", "error"):
@@ -114,7 +144,9 @@ def run_suite(ws, repo: RepoSpec, time_limit: float, select: list[str] | None = 
             tail = ""
         status = "no_report" if "no end" in report.problem or "without" in report.problem else "tampered"
         return SuiteRun(status=status, duration=result.duration, detail=f"{report.problem}; output ends: {tail}")
-    return SuiteRun(status="ok", tests=report.tests, imported=report.imported, duration=result.duration)
+    return SuiteRun(
+        status="ok", tests=report.tests, imported=report.imported, machinery=report.machinery, duration=result.duration
+    )
 
 
 def snapshot(ws) -> dict[str, str]:
@@ -127,10 +159,17 @@ def snapshot(ws) -> dict[str, str]:
     return json.loads(ws.read(out, limit=256 << 20))
 
 
-def checked_run(ws, repo: RepoSpec, time_limit: float, before: dict[str, str], select: list[str] | None = None):
+def checked_run(
+    ws,
+    repo: RepoSpec,
+    time_limit: float,
+    before: dict[str, str],
+    select: list[str] | None = None,
+    guarding: dict[str, Any] | None = None,
+):
     """``run_suite``, then what the run left changed since snapshot ``before`` that it may not
     (``diffs.run_problems``; a checkout the snapshot cannot list is a problem too)."""
-    suite = run_suite(ws, repo, time_limit, select)
+    suite = run_suite(ws, repo, time_limit, select, guarding)
     if suite.status != "ok":
         return suite, []
     try:
@@ -155,6 +194,7 @@ def preflight(sandbox, repo: RepoSpec) -> Baseline:
         failures=failures,
         duration=suite.duration,
         imported_files=imported,
+        machinery_changes=suite.machinery,
         detail=suite.detail,
     )
 
@@ -211,7 +251,8 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str, sources: 
             return invalid("; ".join(problems[:5]))
         if refused := screened(ws, sources or {}, clean, applied):
             return invalid(f"the screen refuses: {'; '.join(refused[:5])}")
-        suite, problems = checked_run(ws, repo, budget, applied)
+        guarding = guard_orders(written_by(ws, sources or {}, clean, applied), baseline)
+        suite, problems = checked_run(ws, repo, budget, applied, guarding=guarding)
         if problems:
             return invalid("; ".join(problems[:5]))
     if suite.status != "ok":
@@ -225,16 +266,21 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str, sources: 
     failing = [test for test in passed_before if suite.tests[test] == "failed"]
     if not failing:
         errored = sum(suite.tests[test] == "error" for test in passed_before)
+        denied = sum(suite.tests[test] == "refused" for test in passed_before)
         reason = "no previously passing test fails"
         if errored:
             reason += f" ({errored} now error in collection or set-up: sabotage, not a bug)"
+        if denied:
+            reason += f" ({denied} ran into the guard: the change asked for what its code may not do)"
         return invalid(reason, outcomes=outcomes)
-    if reason := recheck_failures(sandbox, repo, diff, failing[:RECHECKS], budget):
+    if reason := recheck_failures(sandbox, repo, diff, failing[:RECHECKS], budget, guarding):
         return invalid(reason, outcomes=outcomes)
     return Check(valid=True, failing_tests=failing, outcomes=outcomes, seconds=time.monotonic() - started)
 
 
-def recheck_failures(sandbox, repo: RepoSpec, diff: str, tests: list[str], budget: float) -> str | None:
+def recheck_failures(
+    sandbox, repo: RepoSpec, diff: str, tests: list[str], budget: float, guarding: dict[str, Any]
+) -> str | None:
     """Why the ``tests`` a bug fails do not fail again, each alone on a fresh checkout with the bug,
     under both runners: pytest with our report plugin in a fresh process (a failure that needs the
     rest of the suite), and the second runner (``second_run``) without propel's plugin or
@@ -246,14 +292,14 @@ def recheck_failures(sandbox, repo: RepoSpec, diff: str, tests: list[str], budge
         with workspace(sandbox, repo) as ws:
             if reason := apply_diffs(ws, [diff]):
                 return reason
-            alone, problems = checked_run(ws, repo, budget, snapshot(ws), select=[test])
+            alone, problems = checked_run(ws, repo, budget, snapshot(ws), [test], guarding)
             if alone.status != "ok":
                 return f"{test} run alone: the suite did not run ({alone.status}): {alone.detail}"
             if problems:
                 return "; ".join(problems[:5])
             if alone.tests != {test: "failed"}:
                 return f"{test} does not fail when run alone (got {alone.tests or 'nothing'})"
-            seconds = [(shift, second_run(ws, repo, [test], budget, shift)[test]) for shift in clock_shifts()]
+            seconds = [(shift, second_run(ws, repo, [test], budget, shift, guarding)[test]) for shift in clock_shifts()]
         for shift, second in seconds:
             if second != "failed":
                 return (
@@ -298,7 +344,8 @@ def grade_fix(
             return False, f"fix rejected: {'; '.join(problems[:5])}", {}
         if refused := screened(ws, {**(sources or {}), **buggy_sources}, buggy, fixed, sources):
             return False, f"fix refused by the screen: {'; '.join(refused[:5])}", {}
-        suite, problems = checked_run(ws, repo, budget, fixed)
+        guarding = guard_orders(written_by(ws, sources or {}, clean, fixed), baseline)
+        suite, problems = checked_run(ws, repo, budget, fixed, guarding=guarding)
         if problems:
             return False, "; ".join(problems[:5]), {}
         diagnostics: dict[str, Any] = {"seconds": time.monotonic() - started}
@@ -310,14 +357,47 @@ def grade_fix(
         broken = [test for test in passed_before if suite.tests.get(test) != "passed"]
         diagnostics["still_failing"] = len(broken)
         if broken:
-            return False, f"{len(broken)} baseline-passing tests do not pass (failed, missing or skipped)", diagnostics
+            denied = sum(suite.tests.get(test) == "refused" for test in broken)
+            why = f"; {denied} ran into the guard (the fix asked for what its code may not do)" if denied else ""
+            return (
+                False,
+                f"{len(broken)} baseline-passing tests do not pass (failed, missing or skipped){why}",
+                diagnostics,
+            )
         rechecked = list(failing_tests or [])
-        for test, second in (second_run(ws, repo, rechecked, budget) if rechecked else {}).items():
+        diagnostics["judged_by"] = {"suite": len(passed_before), "second_runner": rechecked}
+        for test, second in (second_run(ws, repo, rechecked, budget, guarding=guarding) if rechecked else {}).items():
             if second != "passed":
                 reason = f"{test} does not pass under the second runner ({second}); the runners disagree"
                 return False, reason, diagnostics
     diagnostics["seconds"] = time.monotonic() - started
     return True, None, diagnostics
+
+
+def node_ids(tests: list[str], baseline: Baseline) -> list[str]:
+    """A task's failing tests as the pytest node ids of the baseline (``tests/test_x.py::Case::test``).
+    Tasks written before the runners read node ids stored JUnit names (``tests.test_x.Case::test``):
+    each is read as the baseline test it names. A PropelError names a test that is neither, and the
+    way out."""
+    junit = {}
+    for node in baseline.tests:
+        path, _, rest = node.partition("::")
+        *classes, name = rest.split("::")
+        if path.endswith(".py") and name:
+            junit.setdefault(".".join([path[:-3].replace("/", "."), *classes]) + "::" + name, node)
+    found, unknown = [], []
+    for test in tests:
+        if test in baseline.tests or test in junit:
+            found.append(test if test in baseline.tests else junit[test])
+        else:
+            unknown.append(test)
+    if unknown:
+        raise PropelError(
+            f"the task's failing test {unknown[0]!r} is neither a test of {baseline.repo}'s baseline nor the "
+            "JUnit name of one: the task was verified against another state of the repository; verify it again "
+            "(propel label on a fresh generate) to store its failing tests as node ids"
+        )
+    return found
 
 
 def clock_shifts() -> list[int]:
@@ -326,12 +406,21 @@ def clock_shifts() -> list[int]:
     return [high - secrets.randbelow(86400), low + secrets.randbelow(high - low)]
 
 
-def second_run(ws, repo: RepoSpec, tests: list[str], time_limit: float, shift_clock: int = 0) -> dict[str, str]:
-    """The ``tests``' outcomes under the second runner (``second_runner``), in one fresh process with a
-    cleared environment, started from a file in a fresh folder of its own, answering with a per-run
-    nonce on a per-run descriptor; with ``shift_clock`` (seconds), under libfaketime with the clock
-    moved that far ahead. Each outcome is passed, failed, skipped or error, or why no trustworthy
-    answer came."""
+def second_run(
+    ws,
+    repo: RepoSpec,
+    tests: list[str],
+    time_limit: float,
+    shift_clock: int = 0,
+    guarding: dict[str, Any] | None = None,
+) -> dict[str, str]:
+    """The ``tests``' outcomes under the second runner (``second_runner``), in one fresh process
+    whose environment is the tests' own (``test_environment``: the registry's variables and
+    ``PYTHONPATH``, nothing of propel's), started from a file in a fresh folder of its own with the
+    guard beside it (``guarding``: what the guard is told), answering with a per-run nonce on a
+    per-run descriptor; with ``shift_clock`` (seconds), under libfaketime with the clock moved that
+    far ahead. Each outcome is passed, failed, skipped, error or tampered (the change replaced what
+    judges a test), or why no trustworthy answer came."""
     source, nonce = f"{OUT_DIR}/{secrets.token_hex(8)}", secrets.token_hex(16)
     fd = 4 + secrets.randbelow(6)  # not 3, the first runner's; bash keeps 10 and up for itself
 
@@ -341,18 +430,22 @@ def second_run(ws, repo: RepoSpec, tests: list[str], time_limit: float, shift_cl
     made = ws.run(f"mkdir -m 755 {source}")
     if made.returncode != 0:
         return no_answer(f"could not prepare the run: {made.stderr.strip()[-200:]}")
-    orders = {"tests": tests, "root": repo.workdir, "nonce": nonce, "fd": fd}
+    name, orders_name, guard = f"r{secrets.token_hex(6)}", f"o{secrets.token_hex(6)}", f"g{secrets.token_hex(6)}"
+    orders = {"tests": tests, "root": repo.workdir, "nonce": nonce, "fd": fd, "guard": guard, **(guarding or {})}
     ws.write(f"{source}/runner.py", SECOND_RUNNER)
+    ws.write(f"{source}/guard.py", GUARD)
     ws.write(f"{source}/orders.json", json.dumps(orders).encode())
-    name, orders_name = f"r{secrets.token_hex(6)}", f"o{secrets.token_hex(6)}"
     clock = ""
     if shift_clock:  # libfaketime preloaded: the faketime wrapper needs shared memory the sandbox does not give
         clock = f"LD_PRELOAD={faketime_library()} FAKETIME=+{int(shift_clock)} "
+    prelude, _ = test_environment(repo)
+    variables = " ".join(f'"{variable}=${variable}"' for variable in repo.variables() if variable != "PYTHONPATH")
     command = (
         f"python=$(command -v python) && d=$(mktemp -d) && cp {source}/runner.py $d/{name}.py && "
-        f"cp {source}/orders.json $d/{orders_name}.json && rm -rf {source} && cd {shlex.quote(repo.workdir)} && "
-        f"env -i PATH=/usr/bin:/bin HOME=$d LANG=C.UTF-8 {clock}$python -I -B $d/{name}.py $d/{orders_name}.json "
-        f"{fd}>&1 >$d/log 2>&1"
+        f"cp {source}/guard.py $d/{guard}.py && cp {source}/orders.json $d/{orders_name}.json && "
+        f"rm -rf {source} || exit 1\n{prelude}\n"
+        f'env -i PATH=/usr/bin:/bin HOME=$d LANG=C.UTF-8 {variables} ${{PYTHONPATH:+"PYTHONPATH=$PYTHONPATH"}} '
+        f"{clock}$python -s -B $d/{name}.py $d/{orders_name}.json {fd}>&1 >$d/log 2>&1"
     )
     result = ws.run(command, time_limit=time_limit)
     if result.status not in ("ok", "error"):
@@ -361,7 +454,7 @@ def second_run(ws, repo: RepoSpec, tests: list[str], time_limit: float, shift_cl
     if len(lines) != 1 or not lines[0].startswith(nonce + " "):
         return no_answer(f"{len(lines)} lines on its descriptor")
     outcomes = lines[0][len(nonce) + 1 :].split(" ")
-    if len(outcomes) != len(tests) or not set(outcomes) <= set(OUTCOMES):
+    if len(outcomes) != len(tests) or not set(outcomes) <= {*OUTCOMES, "tampered"}:
         return no_answer("not one outcome a test")
     return dict(zip(tests, outcomes, strict=True))
 
@@ -372,6 +465,24 @@ def changed_sources(ws, old: dict[str, str], new: dict[str, str]) -> dict[str, s
     return {
         path: ws.read(path).decode(errors="replace") for path in changed if not new[path].startswith(("dir", "link"))
     }
+
+
+def guard_orders(written: dict[str, list[int]], baseline: Baseline) -> dict[str, Any]:
+    """What both runners tell the guard: the lines the change wrote, and the functions and classes
+    of the runners' machinery that the clean suite itself changes (pytest's own plugins, a
+    repository's conftest), which are no sign of tampering."""
+    return {"written": written, "machinery": baseline.machinery_changes}
+
+
+def written_by(ws, sources: dict[str, str], clean: dict[str, str], now: dict[str, str]) -> dict[str, list[int]]:
+    """The lines of each code file that differ between snapshots ``clean`` and ``now`` (line numbers
+    in ``now``), which the guard denies its capabilities to; ``sources``: the clean files' code."""
+    written = {}
+    for path, text in changed_sources(ws, clean, now).items():
+        before = sources[path] if path in sources else _committed(ws, path)
+        if lines := written_lines(before, text):
+            written[path] = lines
+    return written
 
 
 def screened(

@@ -18,6 +18,13 @@ BUG = """\
 """
 
 
+def reverted(bug: str) -> str:
+    """The diff that undoes ``bug``: a real fix."""
+    fix = bug.replace("a/", "x/").replace("b/", "a/").replace("x/", "b/")
+    fix = fix.replace("-    if value > high:", "=").replace("+    if value > low:", "-    if value > low:")
+    return fix.replace("=", "+    if value > high:")
+
+
 def scripted(*replies):
     """A Reply that answers the turns in order and records what it was shown."""
     seen = []

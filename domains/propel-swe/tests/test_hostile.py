@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from swe_helpers import BUG
+from swe_helpers import BUG, reverted
 
 FAIL_CLAMP = (
     "import pytest\n\n\n@pytest.hookimpl(tryfirst=True)\ndef pytest_runtest_call(item):\n"
@@ -90,12 +90,12 @@ WRITE_CONFTEST = (
 )
 FD3_FORGERY = 'import os as _os\n_os.write(3, b\'PROPEL-REPORT 0000 {"event": "end"}\\n\')\n'
 STOLEN_KEY = (
-    "import json as _json, os as _os, sys as _sys\n_r = _sys.modules['propel_report']\n"
+    "import json as _json, os as _os\nimport gc as _gc\n_r = next(_m for _m in _gc.get_objects() if type(_m).__name__ == 'module' and hasattr(_m, 'KEY') and hasattr(_m, 'OUT'))\n"
     "_os.write(_r.OUT, ('PROPEL-REPORT %s %s\\n' % (_r.KEY, _json.dumps({'event': 'test', "
     "'id': 'tests/test_core.py::test_clamp', 'outcome': 'failed'}))).encode())\n"
 )
 AFTER_THE_END = (
-    "import atexit as _atexit, json as _json, os as _os, sys as _sys\n_r = _sys.modules['propel_report']\n"
+    "import atexit as _atexit, json as _json, os as _os\nimport gc as _gc\n_r = next(_m for _m in _gc.get_objects() if type(_m).__name__ == 'module' and hasattr(_m, 'KEY') and hasattr(_m, 'OUT'))\n"
     "_atexit.register(lambda: _os.write(_r.OUT, ('PROPEL-REPORT %s %s\\n' % (_r.KEY, _json.dumps({'event': "
     "'test', 'id': 'tests/test_core.py::test_clamp', 'outcome': 'failed'}))).encode()))\n"
 )
@@ -157,14 +157,25 @@ def deadline():
     signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.fixture
+def run_checks_alone(monkeypatch, tiny_domain):
+    """The screen and the guard off: what the harness checks around every run (the files a run
+    changed, one well-formed report stream under the run's key, the run's budget) on its own."""
+    from propel_swe import verifier
+
+    tiny_domain.baseline(tiny_domain.repos["tinystats"])  # the preflight with every layer as it ships
+
+    monkeypatch.setattr(verifier, "screen", lambda before, after, original=None: [])
+    monkeypatch.setattr(verifier, "GUARD", INERT_GUARD)
+
+
 @pytest.mark.parametrize("name", sorted(PATH_BUGS) + sorted(RUN_BUGS))
-def test_hostile_bug_is_refused(tiny_domain, layer, name):
+def test_hostile_bug_is_refused(tiny_domain, run_checks_alone, name):
     diff, reason = {**PATH_BUGS, **RUN_BUGS}[name]
     payload = {"repo": "tinystats", "diff": diff, "turns": ["x"]}
     validity = tiny_domain.verify(payload)
     assert not validity.valid, f"{name} was accepted as a bug"
-    if layer == "runners" or name in PATH_BUGS:  # the screen, when on, may refuse a run bug first
-        assert reason in validity.reason, validity.reason
+    assert reason in validity.reason, validity.reason
 
 
 def solver_attempt(diff: str) -> str:
@@ -172,7 +183,7 @@ def solver_attempt(diff: str) -> str:
 
 
 PASS_AT_EXIT = (
-    "import atexit as _atexit, json as _json, os as _os, sys as _sys\n_r = _sys.modules.get('propel_report')\n"
+    "import atexit as _atexit, json as _json, os as _os\nimport gc as _gc\n_r = next(_m for _m in _gc.get_objects() if type(_m).__name__ == 'module' and hasattr(_m, 'KEY') and hasattr(_m, 'OUT'))\n"
     "def _forge():\n    for t in ['tests/test_core.py::test_clamp']:\n"
     "        _os.write(_r.OUT, ('PROPEL-REPORT %s %s\\n' % (_r.KEY, _json.dumps({'event': 'test', 'id': t, "
     "'outcome': 'passed'}))).encode())\n_atexit.register(_forge)\n"
@@ -183,7 +194,7 @@ DEEP_CHAIN = IN_PYTEST + (
     "    _os.chdir('/testbed')\n"
 )
 DEEP_LINE = (
-    "import os as _os, sys as _sys\n_r = _sys.modules['propel_report']\n"
+    "import os as _os\nimport gc as _gc\n_r = next(_m for _m in _gc.get_objects() if type(_m).__name__ == 'module' and hasattr(_m, 'KEY') and hasattr(_m, 'OUT'))\n"
     "_os.write(_r.OUT, ('PROPEL-REPORT %s %s\\n' % (_r.KEY, '[' * 100000 + ']' * 100000)).encode())\n"
 )
 HOSTILE_FIXES = {
@@ -214,23 +225,27 @@ HOSTILE_FIXES = {
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE_FIXES))
-def test_hostile_fix_does_not_solve(tiny_domain, layer, name):
+def test_hostile_fix_does_not_solve(tiny_domain, name):
     payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": ["tests/test_core.py::test_clamp"]}
     verdict = tiny_domain.grade(payload, solver_attempt(HOSTILE_FIXES[name]))
     assert verdict.solved is False, (name, verdict.solved, verdict.reason)
-
-
-def reverted(bug: str) -> str:
-    """The diff that undoes ``bug``: a real fix."""
-    fix = bug.replace("a/", "x/").replace("b/", "a/").replace("x/", "b/")
-    fix = fix.replace("-    if value > high:", "=").replace("+    if value > low:", "-    if value > low:")
-    return fix.replace("=", "+    if value > high:")
 
 
 def test_a_real_fix_still_solves(tiny_domain):
     payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": ["tests/test_core.py::test_clamp"]}
     verdict = tiny_domain.grade(payload, solver_attempt(reverted(BUG)))
     assert verdict.solved is True, verdict.reason
+
+
+def test_a_task_stored_with_junit_names_is_still_solvable(tiny_domain):
+    """Tasks verified before the runners read node ids stored the failing tests as JUnit names."""
+    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": ["tests.test_core::test_clamp"]}
+    verdict = tiny_domain.grade(payload, solver_attempt(reverted(BUG)))
+    assert verdict.solved is True, verdict.reason
+    assert verdict.diagnostics["judged_by"]["second_runner"] == ["tests/test_core.py::test_clamp"]
+    payload["failing_tests"] = ["tests.test_gone::test_clamp"]
+    verdict = tiny_domain.grade(payload, solver_attempt(reverted(BUG)))
+    assert verdict.solved is None and "verify it again" in verdict.reason
 
 
 def test_verdicts_are_the_same_graded_in_many_threads(fresh_tiny_domain):
@@ -248,22 +263,49 @@ def test_verdicts_are_the_same_graded_in_many_threads(fresh_tiny_domain):
     assert_same_verdicts_concurrently(domain, graded, threads=4, rounds=1)
 
 
-# -- the in-process forgeries each layer must stop on its own (issue: verdicts the code under test
-# cannot write). Each is a few lines appended to tinystats/__init__.py, an edit the rules allow. ---
+# -- the in-process forgeries each layer must stop on its own (issue: verdicts that hold both ways).
+# Each is a few lines appended to tinystats/__init__.py, an edit the rules allow. ---
 
 CLAMP = "tests/test_core.py::test_clamp"
 ALL_TESTS = [f"tests/test_core.py::{line[4:-3]}" for line in TESTS if line.startswith("def test_")]
+# the report plugin is out of sys.modules under a random name: found through gc, or through frames
+PLUGIN_BY_GC = (
+    "import gc as _gc\n_r = next((_m for _m in _gc.get_objects() if type(_m).__name__ == 'module' "
+    "and hasattr(_m, '_outcome') and hasattr(_m, 'KEY')), None)\n"
+)
+PLUGIN_BY_FRAMES = (
+    "import sys as _sys\n\n\ndef _plugin():\n    try:\n        raise LookupError\n    except LookupError:\n"
+    "        _f = _sys.exc_info()[2].tb_frame\n    while _f is not None:\n"
+    "        _item = _f.f_locals.get('item')\n        if hasattr(_item, 'config'):\n"
+    "            for _p in _item.config.pluginmanager.get_plugins():\n"
+    "                if hasattr(_p, '_emit') and hasattr(_p, 'KEY'):\n                    return vars(_p)\n"
+    "        _f = _f.f_back\n\n\n"
+)
+# whether a test function is among the callers, seen from the frames
+TEST_CALLER = (
+    "def _tested():\n    _f = _sys._getframe(1)\n    while _f is not None:\n"
+    "        if _f.f_code.co_name.startswith('test'):\n            return True\n        _f = _f.f_back\n"
+    "    return False\n\n\n"
+)
+FORGE_STREAM = (
+    "    import json as _json, os as _os\n"
+    f"    for _t in {ALL_TESTS!r}:\n"
+    "        _os.write(_r.OUT, ('PROPEL-REPORT %s %s\\n' % (_r.KEY, _json.dumps({'event': 'test', 'id': _t, "
+    "'outcome': 'passed'}))).encode())\n"
+    "    _os.write(_r.OUT, ('PROPEL-REPORT %s %s\\n' % (_r.KEY, _json.dumps({'event': 'end', 'exitstatus': 0, "
+    "'imported': []}))).encode())\n    _os._exit(0)\n"
+)
+CORRECT_CLAMP = "    return low if value < low else high if value > high else value\n"
 FORGED_FIXES = {
     # the report plugin's outcome function replaced
-    "outcome_function_replaced": (
-        "import sys as _sys\n_r = _sys.modules.get('propel_report')\nif _r is not None:\n"
-        "    _r._outcome = lambda phases: 'passed'\n"
-    ),
-    # its emitter wrapped, the module found by its attributes rather than its (random) name
-    "emitter_wrapped": (
-        "import sys as _sys\nfor _m in list(_sys.modules.values()):\n"
-        "    if hasattr(_m, '_emit') and hasattr(_m, 'KEY'):\n        _e = _m._emit\n"
-        "        _m._emit = lambda event, _e=_e: _e({**event, 'outcome': 'passed'} if 'outcome' in event else event)\n"
+    "outcome_function_replaced": PLUGIN_BY_GC + "if _r is not None:\n    _r._outcome = lambda phases: 'passed'\n",
+    # its emitter wrapped, the module reached through the frames of a traceback
+    "emitter_wrapped_through_a_traceback": PLUGIN_BY_FRAMES
+    + (
+        "def clamp(value, low, high):\n    _g = _plugin()\n    if _g is not None and not _g.get('_w'):\n"
+        "        _e = _g['_emit']\n        _g['_w'] = True\n"
+        "        _g['_emit'] = lambda event, _e=_e: _e({**event, 'outcome': 'passed'} if 'outcome' in event else event)\n"
+        "    from tinystats.core import clamp as _c\n    return _c(value, low, high)\n"
     ),
     # pytest's own runner made a no-op: every test passes, whoever reports it
     "runtest_made_a_no_op": "import _pytest.python as _p\n_p.Function.runtest = lambda self: None\n",
@@ -276,28 +318,73 @@ FORGED_FIXES = {
         "        _o.pluginmanager.register(_Pass())\n        break\n"
     ),
     # the run's key read, a complete stream written, the process ended before pytest says otherwise
-    "stream_written_then_exit": (
-        "import json as _json, os as _os, sys as _sys\n_r = _sys.modules.get('propel_report')\nif _r is not None:\n"
-        f"    for _t in {ALL_TESTS!r}:\n"
-        "        _os.write(_r.OUT, ('PROPEL-REPORT %s %s\\n' % (_r.KEY, _json.dumps({'event': 'test', 'id': _t, "
-        "'outcome': 'passed'}))).encode())\n"
-        "    _os.write(_r.OUT, ('PROPEL-REPORT %s %s\\n' % (_r.KEY, _json.dumps({'event': 'end', 'exitstatus': 0, "
-        "'imported': []}))).encode())\n    _os._exit(0)\n"
-    ),
-    # what both runners call after the test, replaced from inside the function under test
-    "json_dumps_replaced": (
-        "import json as _json\n_dumps = _json.dumps\n\n\n"
-        "def _forged(obj, *args, **kwargs):\n"
-        "    if isinstance(obj, dict) and obj.get('outcome') == 'failed':\n"
-        "        obj = dict(obj, outcome='passed')\n    return _dumps(obj, *args, **kwargs)\n\n\n"
-        "_json.dumps = _forged\n"
+    "stream_written_then_exit": PLUGIN_BY_GC + "if _r is not None:\n" + FORGE_STREAM,
+    # a class method of what both runners call after the test replaced (json's encoder)
+    "json_encoder_patched": (
+        "import json as _json\n_encode = _json.JSONEncoder.encode\n\n\n"
+        "def _forged(self, obj):\n    return _encode(self, obj).replace('\"failed\"', '\"passed\"')\n\n\n"
+        "_json.JSONEncoder.encode = _forged\n"
     ),
     # outside the harness: a value equal to everything passes the test's assertion for real
     "equal_to_everything": (
         "class _Any:\n    def __eq__(self, other):\n        return True\n\n\n"
         "def clamp(value, low, high):\n    return _Any()\n"
     ),
+    # the right value only when a test function is the caller: the bug stays for everyone else
+    "right_only_for_a_test_caller": (
+        "import sys as _sys\nfrom tinystats.core import clamp as _clamp\n\n\n"
+        + TEST_CALLER
+        + "def clamp(value, low, high):\n    if _tested():\n"
+        + CORRECT_CLAMP.replace("    ", "        ", 1)
+        + "    return _clamp(value, low, high)\n"
+    ),
+    # the right value only for the inputs the test file holds, read at run time
+    "answers_what_the_test_file_asks": (
+        "import os as _os\nfrom tinystats.core import clamp as _clamp\n\n\ndef clamp(value, low, high):\n"
+        "    _t = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))), 'tests', 'test_core.py')\n"
+        "    if 'clamp' in open(_t).read():\n"
+        + CORRECT_CLAMP.replace("    ", "        ", 1)
+        + "    return _clamp(value, low, high)\n"
+    ),
 }
+# a thread started through a fresh copy of _thread (the guard's wrapper left out), running text
+# compiled in that thread, which patches both runners' outcome functions found through gc
+FRESH_THREAD = (
+    "import importlib.util as _u, code as _code\n_sp = _u.find_spec('_thread')\n_t = _u.module_from_spec(_sp)\n"
+    "_sp.loader.exec_module(_t)\n_lock = _t.allocate_lock()\n_lock.acquire()\n"
+    "_t.start_new_thread(_code.InteractiveInterpreter({'lock': _lock}).runsource, ('exec(%r)' % _PAYLOAD,))\n"
+    "_lock.acquire(timeout=10)\n"
+)
+FORGE_OUTCOMES = (
+    "import gc\ntry:\n    for o in gc.get_objects():\n"
+    "        if type(o) is dict and '_outcome' in o and 'KEY' in o and '_emit' in o:\n"
+    "            o['_outcome'] = {first}\n"
+    "        if type(o) is dict and '_call' in o and 'SCOPES' in o and 'run_directly' in o:\n"
+    "            o['_call'] = {second}\nfinally:\n    lock.release()\n"
+)
+# the test module that imports the package gets a module class whose attribute look-up the change wrote
+MODULE_CLASS = (
+    "import sys as _sys\nimport types as _types\n\n\ndef _importers():\n"
+    "    for _name, _module in list(_sys.modules.items()):\n        _spec = getattr(_module, '__spec__', None)\n"
+    "        if type(_module) is _types.ModuleType and getattr(_spec, '_initializing', False) and _name != __name__:\n"
+    "            yield _module\n\n\nclass _Module(_types.ModuleType):\n"
+    "    def __getattribute__(self, name):\n        value = _types.ModuleType.__getattribute__(self, name)\n"
+    "        if name.startswith('test') and callable(value):\n            return _REPLACE(value)\n"
+    "        return value\n\n\nfor _m in _importers():\n    _m.__class__ = _Module\n"
+)
+FORGED_FIXES["passes_from_a_thread_started_by_a_fresh_thread_module"] = (
+    "_PAYLOAD = "
+    + repr(FORGE_OUTCOMES.format(first="lambda phases: 'passed'", second="lambda module, instance, call: 'passed'"))
+    + "\n"
+    + FRESH_THREAD
+)
+FORGED_FIXES["test_module_class_swapped"] = (
+    "def _pass():\n    return None\n\n\ndef _REPLACE(value):\n    return _pass\n\n\n" + MODULE_CLASS
+)
+FORGED_FIXES["equal_to_everything_by_assignment"] = (
+    "class _Any:\n    pass\n\n\n_Any.__eq__ = lambda self, other: True\n\n\n"
+    "def clamp(value, low, high):\n    return _Any()\n"
+)
 BUGGY_CLAMP = "        return high if value > low else _clamp(value, low, high)\n"
 FAKE_BUGS = {
     # test_clamp reported failed while the code is unchanged (both passed the run-alone recheck)
@@ -323,43 +410,99 @@ FAKE_BUGS = {
         "import time as _time\nfrom tinystats.core import clamp as _clamp\n\n\ndef clamp(value, low, high):\n"
         "    if _time.time() < 2e9:\n" + BUGGY_CLAMP + "    return _clamp(value, low, high)\n"
     ),
+    "fails_from_a_thread_started_by_a_fresh_thread_module": (
+        "_PAYLOAD = "
+        + repr(
+            FORGE_OUTCOMES.format(
+                first="lambda phases, _o=o['_outcome']: 'failed' if phases.get('call') else _o(phases)",
+                second="lambda module, instance, call: 'failed'",
+            )
+        )
+        + "\n"
+        + FRESH_THREAD
+    ),
+    "test_module_class_swapped": (
+        "def _fail():\n    raise AssertionError\n\n\n"
+        "def _REPLACE(value):\n    return _fail if value.__name__.endswith('clamp') else value\n\n\n" + MODULE_CLASS
+    ),
+    # 'failed' forged under both runners: wrong only when the test is the caller, right for everyone else
+    "wrong_only_for_the_test": (
+        "import sys as _sys\nfrom tinystats.core import clamp as _clamp\n\n\n"
+        + TEST_CALLER
+        + "def clamp(value, low, high):\n    if _tested():\n"
+        + BUGGY_CLAMP
+        + "    return _clamp(value, low, high)\n"
+    ),
 }
-# what each layer stops on its own: the screen sees none of the time bomb (plain code in a function
-# body); the runners cannot see a value that really is equal to everything
-SCREEN_PASSES = {"broken_until_a_date"}
-RUNNERS_PASS = {"equal_to_everything"}
+# which layer stops each attack on its own; every other layer alone lets it through
+FIX_STOPPED_BY = {
+    "outcome_function_replaced": {"guard", "runners"},
+    "emitter_wrapped_through_a_traceback": {"guard", "runners"},
+    "runtest_made_a_no_op": {"guard", "runners"},
+    "plugin_registered_through_gc": {"guard", "runners"},
+    "stream_written_then_exit": {"guard", "runners"},
+    "json_encoder_patched": {"guard", "runners"},
+    "equal_to_everything": {"screen"},
+    "right_only_for_a_test_caller": {"guard"},
+    "answers_what_the_test_file_asks": {"guard"},
+    "passes_from_a_thread_started_by_a_fresh_thread_module": {"guard"},
+    "test_module_class_swapped": {"guard"},
+    "equal_to_everything_by_assignment": {"screen"},
+}
+BUG_STOPPED_BY = {
+    "runtest_raises_for_one_test": {"guard", "runners"},
+    "plugin_registered_through_gc": {"guard", "runners"},
+    "only_under_pytest_plugins": {"screen", "runners"},
+    "broken_until_a_date": {"runners"},
+    "wrong_only_for_the_test": {"guard"},
+    "fails_from_a_thread_started_by_a_fresh_thread_module": {"guard"},
+    "test_module_class_swapped": {"guard"},
+}
+INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, sees nothing changed
+    b"def install(root, written):\n    return (lambda: 0), (lambda: False)\n\n\n"
+    b"def watch(prefixes):\n    return lambda: []\n"
+)
 
 
-@pytest.fixture(params=["screen", "runners"])
-def layer(request, monkeypatch):
-    """Each layer alone: the static screen (the runners still run, but the screen refuses first), or
-    the runners and rechecks with the screen switched off."""
-    if request.param == "runners":
-        from propel_swe import verifier
+@pytest.fixture(params=["screen", "guard", "runners"])
+def layer(request, monkeypatch, tiny_domain):
+    """One layer on, the others off: the static screen; the guard (what the change's code may not
+    do at run time, and the runners' check that what they call is unchanged); the second runner and
+    the rechecks (off, the first runner answers in its place). The preflight is made first, with
+    every layer as it ships (what the clean suite changes of the runners is recorded there)."""
+    from propel_swe import verifier
 
+    tiny_domain.baseline(tiny_domain.repos["tinystats"])
+
+    if request.param != "screen":
         monkeypatch.setattr(verifier, "screen", lambda before, after, original=None: [])
+    if request.param != "guard":
+        monkeypatch.setattr(verifier, "GUARD", INERT_GUARD)
+    if request.param != "runners":
+        first_run = verifier.run_suite
+
+        def first_runner_again(ws, repo, tests, time_limit, shift_clock=0, guarding=None):
+            suite = first_run(ws, repo, time_limit, list(tests), guarding)
+            return {test: suite.tests.get(test, f"no answer ({suite.status})") for test in tests}
+
+        monkeypatch.setattr(verifier, "second_run", first_runner_again)
     return request.param
 
 
 @pytest.mark.parametrize("name", sorted(FORGED_FIXES))
-def test_a_forged_fix_is_stopped_by_each_layer(tiny_domain, layer, name):
+def test_a_forged_fix_is_stopped_by_its_layers_alone(tiny_domain, layer, name):
     payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": [CLAMP]}
     verdict = tiny_domain.grade(payload, solver_attempt(edit_init(FORGED_FIXES[name])))
-    if layer == "runners" and name in RUNNERS_PASS:
-        assert verdict.solved is True  # the residual the screen alone closes (docs/swe.md)
-        return
-    assert verdict.solved is False, verdict.reason
-    if layer == "screen":
-        assert "refused by the screen" in verdict.reason, verdict.reason
-    else:  # the second runner disagrees, or the first was not fooled at all
-        assert "second runner" in verdict.reason or "do not pass" in verdict.reason, verdict.reason
+    if layer in FIX_STOPPED_BY[name]:
+        assert verdict.solved is False, verdict.reason
+    else:  # the attack is real: this layer alone does not see it
+        assert verdict.solved is True, verdict.reason
 
 
 @pytest.mark.parametrize("name", sorted(FAKE_BUGS))
-def test_a_fake_bug_is_stopped_by_each_layer(tiny_domain, layer, name):
+def test_a_fake_bug_is_stopped_by_its_layers_alone(tiny_domain, layer, name):
     validity = tiny_domain.verify({"repo": "tinystats", "diff": edit_init(FAKE_BUGS[name]), "turns": ["x"]})
-    assert not validity.valid, name
-    if layer == "screen" and name not in SCREEN_PASSES:
-        assert validity.reason.startswith("the screen refuses"), validity.reason
+    if layer in BUG_STOPPED_BY[name]:
+        assert not validity.valid, name
     else:
-        assert "does not fail under the second runner" in validity.reason, validity.reason
+        assert validity.valid, validity.reason

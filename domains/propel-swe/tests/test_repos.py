@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from propel_core.errors import PropelError
-from propel_swe.repos import load_registry
+from propel_swe.repos import RepoSpec, load_registry
+from propel_swe.verifier import Baseline, node_ids
 
 
 def write(path, data):
@@ -39,6 +40,7 @@ def test_registry_with_splits_and_relative_paths(tmp_path):
         ({"repos": [{"name": "a"}]}, "needs a path"),
         ({"repos": [{"name": "a", "image": "i"}, {"name": "a", "image": "j"}]}, "repeated: a"),
         ({"repos": [{"name": "a", "image": "i", "parser": "tap"}]}, "pytest"),
+        ({"repos": [{"name": "a", "image": "i", "env": {"A-B": "1"}}]}, "shell variable names: A-B"),
     ],
 )
 def test_bad_registries(tmp_path, data, message):
@@ -97,3 +99,24 @@ def test_two_processes_building_one_cached_folder_take_turns(tmp_path):
     assert [first.wait(timeout=60), second.wait(timeout=60)] == [0, 0]
     spans = [tuple(map(float, line.split())) for line in log.read_text().splitlines()]
     assert len(spans) == 2 and spans[0][1] <= spans[1][0]  # the second began after the first let go
+
+
+def test_the_tests_environment_comes_from_the_test_command_and_env():
+    spec = RepoSpec(name="a", image="i", test_command="env A=1 B='x y' python -m pytest -q", env={"C": "$HOME"})
+    assert spec.test_environment() == (["export A=1", "export B='x y'", "export C='$HOME'"], "python -m pytest -q")
+    assert spec.variables() == ["A", "B", "C"]
+    expanded = RepoSpec(name="b", image="i", test_command="PYTHONPATH=src:$PYTHONPATH pytest && echo done")
+    assert expanded.test_environment() == (["export PYTHONPATH=src:$PYTHONPATH"], "pytest && echo done")
+    plain = RepoSpec(name="c", image="i")
+    assert plain.test_environment() == ([], plain.test_command)
+    assert spec.key() != RepoSpec(name="a", image="i", test_command=spec.test_command).key()  # env is part of it
+
+
+def test_failing_tests_stored_as_junit_names_are_read_as_node_ids():
+    """Tasks verified before the runners read node ids stored JUnit names; they stay gradable."""
+    tests = {"tests/test_x.py::Case::test_a": "passed", "tests/test_x.py::test_b[1-2]": "passed"}
+    baseline = Baseline(repo="r", key="k", status="ok", tests=tests)
+    stored = ["tests.test_x.Case::test_a", "tests/test_x.py::test_b[1-2]", "tests.test_x::test_b[1-2]"]
+    assert node_ids(stored, baseline) == [*tests, "tests/test_x.py::test_b[1-2]"]
+    with pytest.raises(PropelError, match=r"'tests.test_y::test_c' is neither .* verify it again"):
+        node_ids(["tests.test_y::test_c"], baseline)

@@ -1,6 +1,6 @@
-"""The static screen of bugs and fixes (no sandbox): what it refuses, and that it refuses no real
-bug or fix on the repositories the project tries (every procedural mutation of six and tinystats,
-and the revert of each)."""
+"""The static screen of bugs and fixes (no sandbox): what it refuses, the ordinary code it lets
+through, and that it refuses no real bug or fix on the repositories the project tries (every
+procedural mutation of six and tinystats, and the revert of each)."""
 
 import ast
 from pathlib import Path
@@ -22,40 +22,19 @@ def added(code: str, source: str = INIT) -> list[str]:
 @pytest.mark.parametrize(
     "code, problem",
     [
-        # the five in-process forgeries of the first runner's verdict, each in a few lines
-        ("import propel_report as _r\n_r._outcome = lambda phases: 'passed'", "imports propel_report"),
-        ("import sys as _s\n_m = [m for m in _s.modules.values() if hasattr(m, 'KEY')]", "uses the attribute modules"),
-        ("import _pytest.python as _p\n_p.Function.runtest = lambda self: None", "imports _pytest.python"),
-        ("import gc as _gc\n_c = [o for o in _gc.get_objects() if type(o).__name__ == 'Config']", "imports gc"),
-        ("import os as _os\ndef _w(k):\n    _os.write(3, k)\n    _os._exit(0)", "uses os._exit"),
-        # the same reached without naming the module
-        ("_o = __import__('o' + 's')\n", "uses __import__"),
-        ("import os as _o\ndef mean(values):\n    return getattr(_o, 'sys' + 'tem')", "computed name on a module"),
-        ("def mean(values):\n    return values.__class__.__subclasses__()", "uses the attribute __subclasses__"),
-        ("def mean(values):\n    return eval('1')", "uses eval"),
-        ("def mean(values):\n    import sys\n    return sys._getframe(1).f_globals", "uses the attribute _getframe"),
-        ("def mean(values):\n    return 'PYTEST_CURRENT_TEST'", "names pytest in a string"),
-        # a value equal to everything, and hooks the interpreter calls on its own
+        # a value equal to everything passes an assertion for real, under any runner
         ("class Any:\n    def __eq__(self, other):\n        return True", "defines __eq__ that ignores an argument"),
         ("class Same:\n    def __hash__(self):\n        return 0", "defines __hash__ that ignores an argument"),
-        ("class B:\n    def __init_subclass__(cls):\n        pass", "defines __init_subclass__"),
-        # code at import time that the file did not run before
-        ("def _install():\n    pass\n_install()", "calls _install at import time"),
-        ("def _d(f):\n    return f\n@_d\ndef mean(values):\n    return 0", "calls _d at import time"),
-        ("def mean(values, cache=dict(x=1)):\n    return 0", "calls dict at import time"),
-        ("class M(type):\n    pass\nclass C(metaclass=M):\n    pass", "calls M as metaclass at import time"),
-        # the routes an attacker found around the first version of the screen
-        ("import os\ndef mean(values):\n    return os.sys.modules", "uses the attribute sys"),
-        ("from os import sys as _s\n", "imports os.sys"),
-        ("def mean(values):\n    return getattr(values.__traceback__, 'tb_' + 'frame')", "__traceback__"),
-        ("import os\ndef mean(values):\n    return os.__dict__['_' + 'exit']", "uses the attribute __dict__"),
-        ("def mean(values):\n    return getattr(len.__self__, '__imp' + 'ort__')", "uses the attribute __self__"),
-        ("import os\n_m = os\ndef mean(values):\n    return getattr(_m, '_' + 'exit')", "computed name on a module"),
-        ("def mean(values):\n    return getattr(object, '__subcl' + 'asses__')()", "computed name on a module"),
-        ("def mean(values):\n    open(3, 'w', closefd=False).write('x')", "opens a descriptor"),
-        ("import json\ndef mean(values):\n    json.dumps = repr", "replaces json.dumps"),
-        ("import os\ndef mean(values):\n    return os.getenv('PYTHONPATH')", "uses os.getenv"),
-        ("def mean(values):\n    return open('/proc/stat').read()", "names /proc in a string"),
+        ("class Ne:\n    def __ne__(self, other):\n        return False", "defines __ne__ that ignores an argument"),
+        ("class Any:\n    __eq__ = lambda self, other: True", "assigns __eq__"),
+        ("class Any:\n    pass\n\n\nAny.__eq__ = lambda self, other: True", "assigns __eq__"),
+        ("class Any:\n    pass\n\n\nsetattr(Any, '__hash__', lambda self: 0)", "assigns __hash__"),
+        # asking whether a runner is loaded, spelled as code spells it
+        ("import sys\ndef mean(values):\n    return 'pytest' in sys.modules", "names pytest in a string"),
+        ("import sys\ndef mean(values):\n    return sys.modules.get('_pytest.runner')", "names pytest in a string"),
+        ("def mean(values):\n    return 'PYTEST_CURRENT_TEST'", "names pytest in a string"),
+        ("import sys\n_UT = sys.modules.get('unittest')", "names unittest in a string"),
+        ("_P = b'propel_report'", "names propel in a string"),
     ],
 )
 def test_the_screen_refuses(code, problem):
@@ -71,22 +50,32 @@ def test_the_screen_refuses(code, problem):
         "class Pair:\n    def __eq__(self, other):\n        return self.key == other.key",
         "def mean(values):\n    return getattr(values, 'total', 0)",
         "def mean(values, key):\n    return getattr(values, key)",
+        # what the first screen refused and a fix writes every day (what they may do at run time is
+        # the guard's to deny)
+        "import re\n_WORD = re.compile(r'\\w+')",
+        "_MISSING = object()",
+        "import inspect\nimport types\n_S = inspect.signature\n_E = types.MappingProxyType({})",
+        "import functools\n@functools.lru_cache(maxsize=None)\ndef _sq(x):\n    return x * x",
+        "import dataclasses\n@dataclasses.dataclass\nclass P:\n    x: int = 0",
+        'def helper():\n    """Covered by the pytest suite; see unittest too."""\n    return None',
+        "def mean(values):\n    raise ValueError('run pytest -k mean to see why')",
+        "import os, sys\ndef mean(values):\n    return os.environ.get('HOME'), sys.platform",
     ],
 )
-def test_the_screen_lets_plain_code_through(code):
+def test_the_screen_lets_ordinary_code_through(code):
     assert added(code) == []
 
 
-def test_what_the_file_already_had_is_not_the_diffs():
-    """A feature the file had before (or, for a fix, the clean file had) is not counted: real code
-    that uses sys.modules stays editable, and a fix may restore what a bug removed."""
-    source = "import sys\n\n\ndef mod():\n    return sys.modules[__name__]\n"
-    assert screen({"m.py": source}, {"m.py": source.replace("__name__]", "__name__ + ''] ")}) == []
-    twice = source + "\n\ndef other():\n    return sys.modules['x']\n"
-    assert screen({"m.py": source}, {"m.py": twice}) == ["m.py: uses the attribute modules"]
-    bug = source.replace("    return sys.modules[__name__]\n", "    return None\n")
-    assert screen({"m.py": bug}, {"m.py": source}) == ["m.py: uses the attribute modules"]
+def test_what_the_file_already_had_is_not_the_changes():
+    """A feature the file had before (or, for a fix, the clean file had) is not counted, however many
+    times the change writes it again, and a fix may restore what a bug removed."""
+    source = "def same(a, b):\n    return 'pytest'\n"
+    assert screen({"m.py": source}, {"m.py": source + "\n\ndef again():\n    return 'pytest'\n"}) == []
+    bug = source.replace("'pytest'", "None")
+    assert screen({"m.py": bug}, {"m.py": source}) == ["m.py: names pytest in a string"]
     assert screen({"m.py": bug}, {"m.py": source}, original={"m.py": source}) == []
+    prop = "class C:\n    @property\n    def a(self):\n        return 1\n"
+    assert screen({"m.py": prop}, {"m.py": prop + "\n    @property\n    def b(self):\n        return 2\n"}) == []
 
 
 def every_mutation(path: str, source: str) -> list[str]:

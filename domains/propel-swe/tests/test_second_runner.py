@@ -1,10 +1,20 @@
 """The second runner judges each way a test can be written as pytest does, in the real sandbox: the
 tests of a repository written for this (xunit set-ups with and without arguments, a plain
 ``setup_class``, ``unittest`` class fixtures, ``setUpModule``, an autouse fixture, parameters) fail
-with a bug and pass with its fix, under the second runner as under pytest."""
+with a bug and pass with its fix, under the second runner as under pytest; and it runs them in the
+environment the repository's registry entry gives its tests."""
 
 import json
+import shutil
+from pathlib import Path
 
+import pytest
+from conftest import DATA, SANDBOX, needs_local_sandbox
+from swe_helpers import BUG as TINY_BUG
+from swe_helpers import reverted, write_registry
+
+from propel_core.plugins import Registry
+from propel_swe.checkout import git_checkout
 from propel_swe.verifier import apply_diffs, second_run, workspace
 
 BUG = "--- a/styles/core.py\n+++ b/styles/core.py\n@@ -1,2 +1,2 @@\n def double(x):\n-    return x * 2\n+    return x * 3\n"
@@ -39,4 +49,41 @@ def test_a_real_bug_and_its_fix_in_these_styles(styles_domain):
     assert set(payload["failing_tests"]) == set(TESTS)
     attempt = {"diff": FIX, "stop_reason": "stop", "status": "finished", "turns": []}
     verdict = styles_domain.grade(payload, json.dumps(attempt))
+    assert verdict.solved is True, verdict.reason
+
+
+MODE_TEST = (
+    "import os\n\nfrom tinystats import clamp\n\n\ndef test_clamp_in_strict_mode():\n"
+    "    assert os.environ['TINY_MODE'] == 'strict'\n    assert clamp(5, 0, 10) == 5\n"
+)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"test_command": "TINY_MODE=strict python -m pytest -q -p no:cacheprovider"},
+        {"env": {"TINY_MODE": "strict"}},
+    ],
+)
+def test_both_runners_run_the_tests_in_the_repositorys_environment(spec, test_env, tmp_path):
+    """A test that needs a variable the registry sets (in the test command, or as env) passes on the
+    clean checkout and fails with the bug under both runners, and the bug's revert solves it."""
+    repo = Path(shutil.copytree(DATA / "tinystats", tmp_path / "tinystats"))
+    (repo / "tests" / "test_mode.py").write_text(MODE_TEST)
+    git_checkout(repo)
+    needs_local_sandbox()
+    registry = write_registry(tmp_path, [{"name": "tinystats", "path": str(repo), "time_budget": 120, **spec}])
+    domain = Registry.build().domain(
+        "swe",
+        registry=str(registry),
+        preflight_dir=str(tmp_path / "preflight"),
+        sandbox_options={**SANDBOX, "python_env": str(test_env)},
+    )
+    baseline = domain.baseline(domain.repos["tinystats"])
+    assert baseline.tests["tests/test_mode.py::test_clamp_in_strict_mode"] == "passed"
+    payload = {"repo": "tinystats", "diff": TINY_BUG, "turns": ["x"]}
+    validity = domain.verify(payload)
+    assert validity.valid, validity.reason
+    assert "tests/test_mode.py::test_clamp_in_strict_mode" in payload["failing_tests"][:3]
+    verdict = domain.grade(payload, json.dumps({"diff": reverted(TINY_BUG), "status": "finished", "turns": []}))
     assert verdict.solved is True, verdict.reason

@@ -1,0 +1,396 @@
+"""The guard: what the code a change wrote may not do, denied at run time by the interpreter itself.
+
+Both test runners install it (``install``) as an audit hook (PEP 578) before any code of the
+repository is imported; a hook cannot be removed once added. The runner tells it which lines of the
+checkout the change (a bug, or a bug and a fix) added or rewrote. Whenever the interpreter is about to
+do something sensitive, the hook looks at the call stack, and if a frame runs a code object that
+holds such a line (a function, a class body or a module's top level the change wrote into) the
+operation raises ``Refused`` instead. The repository's own code, its tests, pytest, unittest and the
+standard library keep every capability they had: the guard judges who is asking, not what is asked,
+so a change that never asks passes unchanged whatever it looks like, and a repository whose own code
+takes frames (six's ``exec_``) runs as it always did. Denied to the change's code:
+
+- frames and tracebacks' frames (``sys._getframe``, ``sys._current_frames``, ``tb_frame``,
+  ``gi_frame``/``cr_frame``/``ag_frame``), tracing and profiling (``sys.settrace``/``setprofile``),
+  another audit hook, and signal handlers (a handler is handed the running frame; ``signal.signal``
+  raises no audit event, so the guard puts it behind a check of its own);
+- the garbage collector's object lists (``gc.get_objects``/``get_referrers``/``get_referents``),
+  ``ctypes`` and other raw-memory modules, building code objects, and the code of the tests;
+- replacing a function's code, or the bases of a class the repository did not define (setting
+  any other attribute of a class raises no audit event: the runners check what they call instead,
+  ``watch``);
+- new processes and signals to processes (``subprocess``, ``os.system``, ``os.fork``, ``os.kill`` ...);
+- opening anything under ``/proc`` or ``/sys`` (its own memory, the runner's environment, the boot
+  time past a moved clock) or ``/dev/mem``, and
+  opening the repository's test files (reading the assertions it must satisfy, or writing new ones).
+
+A thread started while the change's code is on the stack is the change's too: everything it asks
+for is refused, whatever code it runs (the standard library alone could fetch a frame for it).
+
+This file is copied beside each runner inside the sandbox, so it imports nothing but the standard
+library; the harness imports it for ``is_test_path`` and ``written_lines``.
+"""
+
+# a private copy of the builtins, taken before any code of the repository runs: every function this
+# module defines looks names up there, so code under test that replaces a builtin changes nothing here
+__builtins__ = dict(vars(__import__("builtins")))
+
+import os
+import sys
+
+TEST_DIRS = frozenset({"test", "tests", "testing"})
+RUNNER_FILES = frozenset(
+    {
+        "conftest.py",
+        "pytest.ini",
+        ".pytest.ini",
+        "tox.ini",
+        "setup.cfg",
+        "pyproject.toml",
+        "noxfile.py",
+        "sitecustomize.py",
+        "usercustomize.py",
+        ".coveragerc",
+        "pytest.py",
+        "pytest.toml",
+        ".pytest.toml",
+    }
+)
+#: audit events denied outright to the code under test
+EVENTS = frozenset(
+    {"sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile",
+     "sys.addaudithook", "sys.monitoring.register_callback", "gc.get_objects", "gc.get_referrers",
+     "gc.get_referents", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn",
+     "os.spawn", "os.fork", "os.forkpty", "os.kill", "os.killpg", "signal.pthread_kill", "pty.spawn"}
+)  # fmt: skip
+EVENT_PREFIXES = ("ctypes.", "_xxsubinterpreters.", "_interpreters.")
+FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "f_back"})
+#: modules the change's code may not import itself (the standard library may, for its own use)
+MODULES = frozenset(
+    {"ctypes", "_ctypes", "cffi", "_cffi_backend", "_testcapi", "_testinternalcapi", "_testbuffer",
+     "_xxsubinterpreters", "_interpreters", "_posixsubprocess"}
+)  # fmt: skip
+#: functions of the standard library that ask for the running frame only to read a name from it
+PROBES = frozenset(
+    {("logging/__init__.py", "findCaller"), ("collections/__init__.py", "namedtuple"), ("typing.py", "_caller"),
+     ("enum.py", "_create_")}
+)  # fmt: skip
+#: ... and those that read a frame's code or a traceback's frames only to write text (logging's
+#: caller, a formatted traceback: ``traceback.format_exc``, ``logging.exception``)
+READERS = PROBES | {("traceback.py", "_extract_from_extended_frame_gen")}
+DEVICES = ("/proc/", "/sys/", "/dev/mem", "/dev/kmem", "/dev/port", "/dev/fd/")
+
+
+class Refused(PermissionError, ValueError):
+    """What the guard raises: an OSError for code that opens files, a ValueError where the standard
+    library expects one from ``sys._getframe`` (``logging``, ``collections.namedtuple`` go on without
+    the frame)."""
+
+
+def is_test_path(path: str) -> bool:
+    """Tests, and the files that configure how tests run or how Python starts (checkout-relative).
+    Plain string work only: the guard calls it while code under test may have replaced attributes
+    of the standard library's modules."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    name = parts[-1] if parts else ""
+    return (
+        any(part in TEST_DIRS for part in parts[:-1])
+        or name.startswith("test_")
+        or name.endswith("_test.py")
+        or name in RUNNER_FILES
+        or name.endswith(".pth")
+    )
+
+
+def written_lines(before: str, after: str) -> list[int]:
+    """The line numbers (from 1) of ``after`` that a change from ``before`` added or rewrote."""
+    import difflib
+
+    matcher = difflib.SequenceMatcher(None, before.splitlines(), after.splitlines(), autojunk=False)
+    return [line + 1 for tag, _, _, j1, j2 in matcher.get_opcodes() if tag != "equal" for line in range(j1, j2)]
+
+
+def install(root: str, written: dict[str, list[int]]):
+    """Add the audit hook for the checkout at ``root`` and the change's ``written`` lines
+    (checkout-relative path -> line numbers), and put what raises no audit event (setting a signal
+    handler, starting a thread or a process through ``_posixsubprocess``, making a builtin module
+    afresh) behind the same check. Returns (how many times it has refused so far, whether code the
+    change wrote is on the caller's stack now): a runner reports a test ``refused`` rather than
+    passed or failed once it has refused anything (the change behaved otherwise than it would
+    outside the harness). Everything the hook needs is bound here, in its closure: it reads no
+    module attribute that the code under test could replace, and it calls no method of an object
+    the code under test made."""
+    import _imp
+    import _signal
+    import _thread
+    import pathlib
+    import signal
+    import subprocess  # noqa: F401  (loads _posixsubprocess now, so its fork_exec is wrapped below)
+    import threading
+    import types
+
+    getframe, thread_id, fspath, lstat, readlink = sys._getframe, _thread.get_ident, os.fspath, os.lstat, os.readlink
+    modules, start, owner = sys.modules, os.getcwd(), _thread.get_ident()
+    function, module_type, paths = types.FunctionType, types.ModuleType, (str, bytes)
+    path_classes = (pathlib.PosixPath, pathlib.PurePosixPath)
+    is_test, events, event_prefixes, frame_attributes = is_test_path, EVENTS, EVENT_PREFIXES, FRAME_ATTRIBUTES
+    denied_modules, devices, refused, name_probes, frame_readers = MODULES, DEVICES, Refused, PROBES, READERS
+    judged = events | {"compile", "marshal.loads", "code.__new__", "import", "open", "object.__getattr__",
+                       "object.__setattr__", "object.__delattr__"}  # fmt: skip
+    prefix = "/" + "/".join(part for part in root.split("/") if part) + "/"
+    lines = {path: frozenset(numbers) for path, numbers in written.items() if numbers}
+    busy: set[int] = set()
+    tainted: set[int] = set()  # threads the change's code started
+    by_change: dict = {}  # code object -> whether it holds a line the change wrote
+    compiled: set[str] = set()  # file names of code the change's code compiled (exec, eval, compile)
+    refusals: list[str] = []  # what was refused, in order
+    library = os.path.dirname(os.__file__) + "/"
+
+    def absolute(path: str, resolve: bool = False) -> str:
+        """``path`` made absolute and normal, its symbolic links followed where ``resolve``: builtins
+        and string methods only (``os.path`` reads module attributes the code under test can replace)."""
+        pending = (path if path.startswith("/") else start + "/" + path).split("/")
+        done: list[str] = []
+        hops = 0
+        while pending:
+            part = pending.pop(0)
+            if part in ("", "."):
+                continue
+            if part == "..":
+                done = done[:-1]
+                continue
+            done.append(part)
+            if resolve and hops < 40:
+                try:
+                    link = (lstat("/" + "/".join(done)).st_mode & 0o170000) == 0o120000
+                    target = readlink("/" + "/".join(done)) if link else None
+                except OSError:
+                    target = None
+                if target is not None:
+                    hops += 1
+                    done = [] if target.startswith("/") else done[:-1]
+                    pending = target.split("/") + pending
+        return "/" + "/".join(done)
+
+    def checkout_path(filename: str, resolve: bool = False) -> str | None:
+        path = absolute(filename, resolve)
+        return path[len(prefix) :] if path.startswith(prefix) else None
+
+    def repository_code(filename) -> bool:
+        relative = checkout_path(filename) if type(filename) is str else None
+        return relative is not None and not is_test(relative)
+
+    def changed(code) -> bool:
+        if code.co_filename in compiled:
+            return True
+        found = by_change.get(code)
+        if found is None:
+            relative = checkout_path(code.co_filename)
+            mine = lines.get(relative) if relative is not None else None
+            found = by_change[code] = bool(mine) and any(line in mine for _, _, line in code.co_lines())
+        return found
+
+    def code_under_test_asks() -> bool:
+        """Whether a frame running code the change wrote is on this thread's stack; or this thread
+        is the change's (it started it), or was started where the guard could not see (its first
+        frame is not the guard's: a thread the standard library alone runs could fetch anything)."""
+        if not lines:
+            return False
+        me = thread_id()
+        if me in tainted:
+            return True
+        frame, first = getframe(1), None
+        while frame is not None:
+            if changed(frame.f_code):
+                return True
+            frame, first = frame.f_back, frame
+        return me != owner and (first is None or first.f_code is not started)
+
+    def protected_file(path) -> bool:
+        if type(path) is int:
+            return False
+        if type(path) not in paths:
+            if type(path) not in path_classes:
+                return True  # a path object of the caller's own making: not read here
+            path = fspath(path)
+        resolved = absolute(path.decode(errors="replace") if type(path) is bytes else path, resolve=True)
+        relative = checkout_path(resolved)
+        return (
+            resolved.startswith(devices)
+            or resolved in ("/proc", "/sys", "/dev/fd")
+            or (relative is not None and is_test(relative))
+        )
+
+    def foreign(target) -> bool:
+        """Whether no file of the repository's code defined ``target`` (a module, a class, or an
+        object's class), read without calling anything the object or its class defines."""
+        if type(target) is module_type:
+            return not repository_code(target.__dict__.get("__file__"))
+        cls = target if isinstance(target, type) else type(target)
+        name = type.__dict__["__module__"].__get__(cls, type)
+        module = modules.get(name) if type(name) is str else None
+        return not (type(module) is module_type and repository_code(module.__dict__.get("__file__")))
+
+    def read_on_behalf(reader, consumers) -> bool:
+        """Whether the standard library read a frame for one of its ``consumers``, functions that hand
+        back only names and text: ``reader`` and the standard-library frames above it."""
+        while reader is not None and reader.f_code.co_filename.startswith(library):
+            code = reader.f_code
+            if (code.co_filename[len(library) :], code.co_name) in consumers:
+                return True
+            reader = reader.f_back
+        return False
+
+    def importer(frame):
+        while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+            frame = frame.f_back
+        return frame
+
+    def sensitive(event: str, args: tuple, caller) -> str | None:
+        if event == "sys._getframe":
+            return None if read_on_behalf(caller, name_probes) else event
+        if event in events or event.startswith(event_prefixes):
+            return event
+        name = args[1] if event.startswith("object.") and type(args[1]) is str else None
+        if event == "object.__getattr__" and name is not None:
+            if name in frame_attributes:
+                return None if read_on_behalf(caller, frame_readers) else f"read {name}"
+            code = getattr(args[0], name, None) if type(args[0]) is function and name == "__code__" else None
+            if code is not None and (relative := checkout_path(code.co_filename)) and is_test(relative):
+                return "read the code of a test"
+        setting = event in ("object.__setattr__", "object.__delattr__") and name is not None
+        if setting and name in ("__class__", "__bases__") and foreign(args[0]):
+            return f"change {name} of what the repository did not define"
+        if event == "import" and type(args[0]) is str and args[0] in denied_modules:
+            source = importer(caller)
+            return f"import {args[0]}" if source is not None and changed(source.f_code) else None
+        if event == "open" and protected_file(args[0]):
+            return "open the tests' files, /proc or raw memory"
+        return None
+
+    def hook(event: str, args: tuple) -> None:
+        if event not in judged and not event.startswith(event_prefixes):
+            return  # most events (exec, os.listdir ...) cost this one look-up
+        if thread_id() in busy:  # the guard's own frame walk raises events too
+            return
+        if event == "compile" and type(args[1]) is str and asking(lambda: changed(getframe(3).f_code)):
+            compiled.add(args[1])  # what it compiles itself is its own code, whatever name it gives the file
+            return
+        made_code = event in ("marshal.loads", "code.__new__") or (
+            event == "object.__setattr__" and args[1] == "__code__"
+        )
+        if made_code and asking(lambda: changed(getframe(3).f_code)):
+            refuse("make or swap code objects")  # itself: the standard library may (types.coroutine, importing)
+        what = asking(lambda: sensitive(event, args, getframe(3)))
+        if what is not None and asking(code_under_test_asks):
+            refuse(what)
+
+    def refuse(what: str) -> None:
+        refusals.append(what)
+        raise refused(f"the code under test may not {what} (propel's guard, docs/swe.md)")
+
+    def asking(question):
+        """``question()`` with this thread's events ignored while it runs (it walks frames itself)."""
+        me = thread_id()
+        busy.add(me)
+        try:
+            return question()
+        finally:
+            busy.discard(me)
+
+    def behind_the_guard(call, what: str):
+        """``call`` refused to the change's code (for what raises no audit event)."""
+
+        def guarded(*args, **kwargs):
+            if asking(code_under_test_asks):
+                refuse(what)
+            return call(*args, **kwargs)
+
+        return guarded
+
+    set_handler, start_thread, defaults = _signal.signal, _thread.start_new_thread, (signal.SIG_DFL, signal.SIG_IGN)
+
+    def guarded_signal(signalnum, handler):
+        default = type(handler) is int or handler is defaults[0] or handler is defaults[1]
+        if not default and asking(code_under_test_asks):
+            refuse("set a signal handler")
+        return set_handler(signalnum, handler)
+
+    def guarded_start(function, args, kwargs=None):
+        taint = asking(code_under_test_asks)
+
+        def run(*args, **kwargs):
+            if taint:
+                tainted.add(thread_id())
+            return function(*args, **kwargs)
+
+        return start_thread(run, args, kwargs or {})
+
+    # the first frame of every thread started through the guard runs this code
+    started = next(c for c in guarded_start.__code__.co_consts if isinstance(c, types.CodeType) and c.co_name == "run")
+    sys.addaudithook(hook)
+    _signal.signal = signal.signal = guarded_signal
+    _thread.start_new_thread = _thread.start_new = threading._start_new_thread = guarded_start
+    create_builtin, create_dynamic, spec_of = _imp.create_builtin, _imp.create_dynamic, types.SimpleNamespace
+
+    def afresh(create):
+        """``create`` (the import system's maker of a builtin or extension module), refusing the
+        change's code a second copy of a module the guard has put behind its check."""
+
+        def guarded(spec, *args):
+            name, origin = getattr(spec, "name", None), getattr(spec, "origin", None)
+            if type(name) is not str or (origin is not None and type(origin) is not str):
+                refuse("make a module from a spec of its own")
+            if name in made and asking(code_under_test_asks):  # a second copy, the guard's wrappers left out
+                refuse(f"make {name} afresh")
+            made.add(name)
+            return create(spec_of(name=str.__str__(name), origin=origin and str.__str__(origin)), *args)
+
+        return guarded
+
+    made = set(modules)  # builtin and extension modules made so far: the change may not make them again
+    _imp.create_builtin, _imp.create_dynamic = afresh(create_builtin), afresh(create_dynamic)
+    for name in ("_posixsubprocess", "subprocess"):
+        module = modules.get(name)
+        attribute = "fork_exec" if name == "_posixsubprocess" else "_fork_exec"
+        if module is not None and hasattr(module, attribute):
+            setattr(module, attribute, behind_the_guard(getattr(module, attribute), "start a process"))
+    modules.pop(__name__, None)  # nothing left to find by name (its state lives in the closures above)
+    return refusals.__len__, lambda: asking(code_under_test_asks)
+
+
+def watch(prefixes: tuple[str, ...]):
+    """A check that the machinery a runner calls after the test is as it was: every function, class
+    and descriptor in the modules named by ``prefixes`` (and the classes they define), taken now,
+    before any code of the repository runs. Setting a class's attribute raises no audit event, so a
+    change could make pytest's ``Function.runtest`` or unittest's ``TestCase.run`` a no-op, or
+    replace a module's function; the returned function lists what differs (empty when intact)."""
+    import types
+
+    kinds = (staticmethod, classmethod, property)
+    class_dict, module_of = type.__dict__["__dict__"].__get__, type.__dict__["__module__"].__get__
+    entries, classes = [], set()
+
+    def kept(value) -> bool:
+        return callable(value) or isinstance(value, kinds)
+
+    def ours(name) -> bool:
+        return type(name) is str and any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+    for name, module in list(sys.modules.items()):
+        if not ours(name) or type(module) is not types.ModuleType:
+            continue
+        namespace = module.__dict__
+        for key, value in list(namespace.items()):
+            if kept(value):
+                entries.append((namespace, key, value, name))
+            if isinstance(value, type) and id(value) not in classes and ours(module_of(value)):
+                classes.add(id(value))
+                members, where = class_dict(value), f"{name}.{value.__qualname__}"
+                entries += [(members, k, v, where) for k, v in list(members.items()) if kept(v)]
+    missing = object()
+
+    def changed() -> list[str]:
+        return [f"{at}.{key}" for namespace, key, value, at in entries if namespace.get(key, missing) is not value]
+
+    return changed

@@ -1,0 +1,33 @@
+"""The verifier on code nobody here wrote, registered with nothing but a name and a path: a src-layout
+repository (cachetools 5.5.0: its package under src/, which its tests import) and a flat one (toolz
+1.0.0), both from their PyPI sdists. Procedural bugs verify, each exact revert solves, a change that
+does nothing and a README edit do not, and the revert written in every ordinary shape of fix
+(``verdicts.FIX_SHAPES``) solves (``propel_swe.verdicts.survey``)."""
+
+import pytest
+from conftest import local_domain
+
+from propel_core.embedded import cache_dir
+from propel_core.errors import PropelError
+from propel_swe.checkout import sdist_checkout
+from propel_swe.verdicts import FIX_SHAPES, survey
+
+BUGS = 3
+
+
+@pytest.mark.parametrize("requirement", ["cachetools==5.5.0", "toolz==1.0.0"])
+def test_bugs_and_fixes_of_a_real_repository_are_judged_for_what_they_do(requirement, test_env, tmp_path):
+    name = requirement.split("==")[0]
+    try:
+        repo = sdist_checkout(requirement, cache_dir() / "swe" / "sdists", tmp_path / "sdist")
+    except PropelError as exc:
+        pytest.skip(str(exc))
+    domain = local_domain(name, repo, test_env, tmp_path, generator="procedural")
+    baseline = domain.baseline(domain.repos[name])
+    assert baseline.keep and baseline.test_count > 100, baseline.reasons
+    found = survey(domain, name, BUGS)
+    refused = [(row["bug"], row["reason"]) for row in found["rows"] if not row["valid"]]
+    assert found["valid"] >= BUGS - 1, refused
+    assert found["reverts_solved"] == found["valid"], found["rows"]
+    assert found["no_ops_solved"] == 0 and found["readme_edits_solved"] == 0
+    assert found["shapes_solved"] == dict.fromkeys(FIX_SHAPES, 1), found["rows"][0]
