@@ -48,7 +48,7 @@ def step(what: str, arms: dict, repeats: int) -> dict[str, list[float]]:
 
 
 INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, sees nothing changed
-    b"def install(root, written):\n    return (lambda: 0), (lambda: False)\n\n\n"
+    b"def install(root, written):\n    return (lambda: ()), (lambda: False)\n\n\n"
     b"def watch(prefixes):\n    return lambda: []\n"
 )
 

@@ -13,6 +13,7 @@ away); it is graded on a clean checkout again.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import threading
@@ -66,6 +67,7 @@ class SWE(Domain):
         command_time_limit: float = 120.0,
         max_output_chars: int = 4000,
         max_failing_tests_shown: int = 10,
+        hidden_failing_tests: float = 0.5,
         preflight_dir: str | None = None,
     ):
         if generator not in GENERATORS:
@@ -79,6 +81,9 @@ class SWE(Domain):
         self.episode_budget, self.solver_budget = episode_budget, solver_budget
         self.command_time_limit, self.max_output_chars = command_time_limit, max_output_chars
         self.max_failing_tests_shown = max_failing_tests_shown
+        if not 0 <= hidden_failing_tests < 1:
+            raise PropelError(f"hidden_failing_tests is a share in [0, 1), not {hidden_failing_tests!r}")
+        self.hidden_failing_tests = hidden_failing_tests
         self.preflight_dir = Path(preflight_dir) if preflight_dir else cache_dir() / "swe" / "preflight"
         self._sandbox = None
         self._baselines: dict[str, Baseline] = {}
@@ -254,9 +259,23 @@ class SWE(Domain):
 
     # -- the solver ---------------------------------------------------------------------------------
 
+    def hidden_tests(self, payload: dict[str, Any]) -> list[str]:
+        """The bug's failing tests the solver never sees (the last ``hidden_failing_tests`` share of
+        them, never the first): left out of its prompt and taken out of its workspace, and graded all
+        the same, so a fix that special-cases the tests it was shown does not pay."""
+        try:  # node ids, whatever a task written by older code stored
+            failing = node_ids(payload.get("failing_tests") or [], self.baseline(self.repos[payload["repo"]]))
+        except PropelError:
+            return []  # the grade says why
+        count = min(len(failing) - 1, int(self.hidden_failing_tests * len(failing) + 0.5))
+        return failing[len(failing) - count :] if count > 0 else []
+
     def solver_prompt(self, payload: dict[str, Any]) -> Messages:
         repo = self.repos[payload["repo"]]
-        shown = payload.get("failing_tests", [])[: self.max_failing_tests_shown]
+        hidden = set(self.hidden_tests(payload))
+        shown = [test for test in payload.get("failing_tests", []) if test not in hidden][
+            : self.max_failing_tests_shown
+        ]
         return [
             {"role": "system", "content": agent.SOLVER_SYSTEM.format(workdir=repo.workdir)},
             {"role": "user", "content": agent.SOLVER_TASK.format(repo=repo.name, tests="\n".join(shown))},
@@ -266,7 +285,7 @@ class SWE(Domain):
         repo = self.repos[payload["repo"]]
         try:
             with workspace(self.sandbox, repo) as ws:
-                problem = apply_diffs(ws, [payload["diff"]])
+                problem = apply_diffs(ws, [payload["diff"]]) or hide_tests(ws, self.hidden_tests(payload))
                 reset = ws.run(RESET_HISTORY)
                 if problem or reset.returncode != 0:
                     return json.dumps({"status": "setup_failed", "detail": problem or reset.stderr[-300:]})
@@ -310,7 +329,34 @@ class SWE(Domain):
         solved, reason, diagnostics = grade_fix(
             self.sandbox, repo, baseline, payload["diff"], record["diff"], self.clean_sources(repo), failing
         )
+        if "judged_by" in diagnostics:
+            diagnostics["judged_by"]["hidden_from_the_solver"] = self.hidden_tests(payload)
         return Verdict(solved, reason, {**diagnostics, "turns": len(record.get("turns", []))})
+
+
+def hide_tests(ws, tests: list[str]) -> str | None:
+    """Take the test functions ``tests`` (node ids) out of their files in the solver's workspace (their
+    decorators and body, the rest of the file as it was); why not, or None."""
+    by_file: dict[str, set[str]] = {}
+    for test in tests:
+        path, _, names = test.partition("::")
+        by_file.setdefault(path, set()).add(names.split("::")[-1].split("[")[0])
+    for path, names in by_file.items():
+        try:
+            source = ws.read(path).decode()
+            tree = ast.parse(source)
+        except (PropelError, OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
+            return f"could not hide the tests of {path}: {exc}"
+        spans = [
+            (min([node.lineno, *(d.lineno for d in node.decorator_list)]), node.end_lineno)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in names
+        ]
+        lines = source.splitlines(keepends=True)
+        for first, last in sorted(spans, reverse=True):
+            lines[first - 1 : last] = []
+        ws.write(path, "".join(lines).encode())
+    return None
 
 
 def check_bug(task: Task, domain: SWE) -> Validity:

@@ -114,7 +114,7 @@ def install(root: str, written: dict[str, list[int]]):
     """Add the audit hook for the checkout at ``root`` and the change's ``written`` lines
     (checkout-relative path -> line numbers), and put what raises no audit event (setting a signal
     handler, starting a thread or a process through ``_posixsubprocess``, making a builtin module
-    afresh) behind the same check. Returns (how many times it has refused so far, whether code the
+    afresh) behind the same check. Returns (what it has refused so far, whether code the
     change wrote is on the caller's stack now): a runner reports a test ``refused`` rather than
     passed or failed once it has refused anything (the change behaved otherwise than it would
     outside the harness). Everything the hook needs is bound here, in its closure: it reads no
@@ -256,10 +256,11 @@ def install(root: str, written: dict[str, list[int]]):
             if name in frame_attributes:
                 return None if read_on_behalf(caller, frame_readers) else f"read {name}"
             code = getattr(args[0], name, None) if type(args[0]) is function and name == "__code__" else None
-            if code is not None and (relative := checkout_path(code.co_filename)) and is_test(relative):
+            test = code is not None and (relative := checkout_path(code.co_filename)) and is_test(relative)
+            if test and changed(caller.f_code):  # itself: inspect.signature of a test's function may
                 return "read the code of a test"
-        setting = event in ("object.__setattr__", "object.__delattr__") and name is not None
-        if setting and name in ("__class__", "__bases__") and foreign(args[0]):
+        setting = event in ("object.__setattr__", "object.__delattr__") and name in ("__class__", "__bases__")
+        if setting and changed(caller.f_code) and foreign(args[0]):  # itself: the standard library may
             return f"change {name} of what the repository did not define"
         if event == "import" and type(args[0]) is str and args[0] in denied_modules:
             source = importer(caller)
@@ -286,7 +287,7 @@ def install(root: str, written: dict[str, list[int]]):
             refuse(what)
 
     def refuse(what: str) -> None:
-        refusals.append(what)
+        refusals.append(what[:200])
         raise refused(f"the code under test may not {what} (propel's guard, docs/swe.md)")
 
     def asking(question):
@@ -356,7 +357,7 @@ def install(root: str, written: dict[str, list[int]]):
         if module is not None and hasattr(module, attribute):
             setattr(module, attribute, behind_the_guard(getattr(module, attribute), "start a process"))
     modules.pop(__name__, None)  # nothing left to find by name (its state lives in the closures above)
-    return refusals.__len__, lambda: asking(code_under_test_asks)
+    return (lambda: tuple(refusals)), (lambda: asking(code_under_test_asks))
 
 
 def watch(prefixes: tuple[str, ...]):

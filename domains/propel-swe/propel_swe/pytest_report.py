@@ -157,4 +157,6 @@ def pytest_sessionfinish(session, exitstatus):
             continue
         imported.add(relative.as_posix())
     machinery = sorted(_intact()) if _intact is not None else []
-    _emit({"event": "end", "exitstatus": int(exitstatus), "imported": sorted(imported), "machinery": machinery})
+    refused = sorted(set(_refusals()))[:5] if _refusals is not None else []  # what the guard said no to
+    _emit({"event": "end", "exitstatus": int(exitstatus), "imported": sorted(imported), "machinery": machinery,
+           "refused": refused})  # fmt: skip

@@ -21,12 +21,17 @@ PLUGIN = (Path(__file__).parent / "pytest_report.py").read_bytes()
 SNAPSHOT = r"""
 import hashlib, json, os, stat, sys
 found = {}
-def unreadable(error):
-    found[os.path.relpath(error.filename)] = "unreadable"
-for parent, dirs, names in os.walk(".", onerror=unreadable):
-    if parent == ".":
-        dirs[:] = [d for d in dirs if d != ".git"]
-    for name in names + dirs:
+pending = ["."]
+while pending:  # by hand, not os.walk: a tree of any depth is listed, never a RecursionError
+    parent = pending.pop()
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        found[os.path.relpath(parent)] = "unreadable"
+        continue
+    for name in names:
+        if parent == "." and name == ".git":
+            continue
         path = os.path.join(parent, name)[2:]
         try:
             info = os.lstat(path)
@@ -34,6 +39,7 @@ for parent, dirs, names in os.walk(".", onerror=unreadable):
                 found[path] = "link " + os.readlink(path)
             elif stat.S_ISDIR(info.st_mode):
                 found[path] = "dir %o" % stat.S_IMODE(info.st_mode)
+                pending.append("./" + path)
             elif stat.S_ISREG(info.st_mode):
                 digest = hashlib.sha1()
                 with open(path, "rb") as handle:
@@ -54,6 +60,7 @@ class Report:
     tests: dict[str, str] = field(default_factory=dict)
     imported: list[str] = field(default_factory=list)
     machinery: list[str] = field(default_factory=list)  # runner functions and classes the run changed
+    refused: list[str] = field(default_factory=list)  # what the guard refused the change
     problem: str | None = None
 
 
@@ -95,6 +102,8 @@ def read_report(stdout: str, key: str) -> Report:
         report.tests[test] = outcome
     imported = events[-1].get("imported")
     report.imported = [path for path in imported if isinstance(path, str)] if isinstance(imported, list) else []
+    refused = events[-1].get("refused")
+    report.refused = [what for what in refused if isinstance(what, str)] if isinstance(refused, list) else []
     machinery = events[-1].get("machinery")
     report.machinery = [name for name in machinery if isinstance(name, str)] if isinstance(machinery, list) else []
     return report

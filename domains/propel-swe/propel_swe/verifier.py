@@ -50,6 +50,7 @@ class SuiteRun(BaseModel):
     tests: dict[str, str] = Field(default_factory=dict, description="pytest node id -> outcome")
     imported: list[str] = Field(default_factory=list)
     machinery: list[str] = Field(default_factory=list, description="runner functions the run changed")
+    refused: list[str] = Field(default_factory=list, description="what the guard refused the change")
     duration: float = 0.0
     detail: str | None = None
 
@@ -145,7 +146,12 @@ def run_suite(
         status = "no_report" if "no end" in report.problem or "without" in report.problem else "tampered"
         return SuiteRun(status=status, duration=result.duration, detail=f"{report.problem}; output ends: {tail}")
     return SuiteRun(
-        status="ok", tests=report.tests, imported=report.imported, machinery=report.machinery, duration=result.duration
+        status="ok",
+        tests=report.tests,
+        imported=report.imported,
+        machinery=report.machinery,
+        refused=report.refused,
+        duration=result.duration,
     )
 
 
@@ -244,7 +250,10 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str, sources: 
         reason = apply_diffs(ws, [diff])
         if reason:
             return invalid(reason)
-        applied = snapshot(ws)
+        try:
+            applied = snapshot(ws)
+        except PropelError as exc:  # what the change made cannot be listed: it is not judged, it is refused
+            return invalid(f"the checkout cannot be listed after the change: {exc}")
         if applied == clean:
             return invalid("the diff changes nothing")
         if problems := change_problems(clean, applied, _allowed(baseline)):
@@ -271,7 +280,7 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str, sources: 
         if errored:
             reason += f" ({errored} now error in collection or set-up: sabotage, not a bug)"
         if denied:
-            reason += f" ({denied} ran into the guard: the change asked for what its code may not do)"
+            reason += f" ({denied} ran into the guard: the change asked to {'; '.join(suite.refused) or '?'})"
         return invalid(reason, outcomes=outcomes)
     if reason := recheck_failures(sandbox, repo, diff, failing[:RECHECKS], budget, guarding):
         return invalid(reason, outcomes=outcomes)
@@ -337,7 +346,10 @@ def grade_fix(
         buggy_sources = changed_sources(ws, clean, buggy)  # the fix is screened against the bug
         if reason := apply_diffs(ws, [fix]):
             return False, f"fix {reason}", {}
-        fixed = snapshot(ws)
+        try:
+            fixed = snapshot(ws)
+        except PropelError as exc:  # what the fix made cannot be listed: not solved, never ungradable
+            return False, f"the checkout cannot be listed after the fix: {exc}", {}
         if fixed == buggy:
             return False, "the fix changes nothing", {}
         if problems := change_problems(buggy, fixed, allowed):
@@ -358,7 +370,9 @@ def grade_fix(
         diagnostics["still_failing"] = len(broken)
         if broken:
             denied = sum(suite.tests.get(test) == "refused" for test in broken)
-            why = f"; {denied} ran into the guard (the fix asked for what its code may not do)" if denied else ""
+            why = (
+                f"; {denied} ran into the guard (the fix asked to {'; '.join(suite.refused) or '?'})" if denied else ""
+            )
             return (
                 False,
                 f"{len(broken)} baseline-passing tests do not pass (failed, missing or skipped){why}",

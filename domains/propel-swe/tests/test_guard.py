@@ -135,7 +135,7 @@ try:
     found["compiled_later()()"] = "allowed: " + repr(later()())[:40]
 except Exception as exc:
     found["compiled_later()()"] = type(exc).__name__
-found["refusals"] = refusals()
+found["refusals"] = len(refusals())
 found["asks, from the runner"] = asks()
 encode = json.JSONEncoder.encode
 json.JSONEncoder.encode = lambda self, o: "forged"

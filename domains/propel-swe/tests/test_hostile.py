@@ -81,6 +81,7 @@ PATH_BUGS = {
     "mode_change": (MODE, "changes the mode or type of tinystats/core.py"),
     "symlink_to_tests": (SYMLINK, "creates tinystats/stats.py"),
     "delete_the_tests": (DELETE_TESTS, "deletes tests/test_core.py"),
+    "a_path_deeper_than_a_recursive_walk": (new_file("d/" * 1200 + "x.py", "X = 1\n"), "creates d/d/d"),
 }
 
 # Diffs of allowed files whose code, once imported by the suite, tampers with the verdict.
@@ -221,6 +222,8 @@ HOSTILE_FIXES = {
     "builds_a_deep_folder_chain": edit_init(DEEP_CHAIN),
     "report_line_nested_deep": edit_init(DEEP_LINE),
     "floods_its_output": edit_init(IN_PYTEST + "    print('x' * (64 << 20))\n"),
+    # a new file 1,200 folders deep, past where a recursive walk of the checkout gives up
+    "a_path_deeper_than_a_recursive_walk": new_file("d/" * 1200 + "x.py", "X = 1\n"),
 }
 
 
@@ -459,7 +462,7 @@ BUG_STOPPED_BY = {
     "test_module_class_swapped": {"guard"},
 }
 INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, sees nothing changed
-    b"def install(root, written):\n    return (lambda: 0), (lambda: False)\n\n\n"
+    b"def install(root, written):\n    return (lambda: ()), (lambda: False)\n\n\n"
     b"def watch(prefixes):\n    return lambda: []\n"
 )
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import DATA, SANDBOX, needs_local_sandbox
 from swe_helpers import BUG as TINY_BUG
-from swe_helpers import reverted, write_registry
+from swe_helpers import fenced, reverted, scripted, write_registry
 
 from propel_core.plugins import Registry
 from propel_swe.checkout import git_checkout
@@ -54,7 +54,7 @@ def test_a_real_bug_and_its_fix_in_these_styles(styles_domain):
 
 MODE_TEST = (
     "import os\n\nfrom tinystats import clamp\n\n\ndef test_clamp_in_strict_mode():\n"
-    "    assert os.environ['TINY_MODE'] == 'strict'\n    assert clamp(5, 0, 10) == 5\n"
+    "    assert os.environ['TINY_MODE'] == 'strict'\n    assert clamp(3, 0, 10) == 3\n"
 )
 
 
@@ -87,3 +87,36 @@ def test_both_runners_run_the_tests_in_the_repositorys_environment(spec, test_en
     assert "tests/test_mode.py::test_clamp_in_strict_mode" in payload["failing_tests"][:3]
     verdict = domain.grade(payload, json.dumps({"diff": reverted(TINY_BUG), "status": "finished", "turns": []}))
     assert verdict.solved is True, verdict.reason
+
+
+def test_a_failing_test_the_solver_never_sees_still_judges_its_fix(test_env, tmp_path):
+    """With two failing tests, one is hidden (``hidden_failing_tests``, 0.5): not named in the
+    solver's prompt, gone from its workspace, and run all the same when its fix is graded."""
+    repo = Path(shutil.copytree(DATA / "tinystats", tmp_path / "tinystats"))
+    (repo / "tests" / "test_mode.py").write_text(MODE_TEST)
+    git_checkout(repo)
+    needs_local_sandbox()
+    spec = {"name": "tinystats", "path": str(repo), "time_budget": 120, "env": {"TINY_MODE": "strict"}}
+    domain = Registry.build().domain(
+        "swe",
+        registry=str(write_registry(tmp_path, [spec])),
+        preflight_dir=str(tmp_path / "preflight"),
+        sandbox_options={**SANDBOX, "python_env": str(test_env)},
+    )
+    payload = {"repo": "tinystats", "diff": TINY_BUG, "turns": ["x"]}
+    assert domain.verify(payload).valid
+    hidden = "tests/test_mode.py::test_clamp_in_strict_mode"
+    assert payload["failing_tests"] == ["tests/test_core.py::test_clamp", hidden]
+    assert domain.hidden_tests(payload) == [hidden]
+    assert hidden not in domain.solver_prompt(payload)[-1]["content"]
+    reply = scripted(fenced("bash", "cat tests/test_mode.py; git status --short"), fenced("submit"))
+    attempt = json.loads(domain.solver_episode(payload, reply))
+    shown = reply.seen[1][-1]["content"]
+    assert "import os" in shown and "strict_mode" not in shown and attempt["diff"] == ""  # and no trace in git
+    fix = json.dumps({"diff": reverted(TINY_BUG), "status": "finished", "turns": []})
+    verdict = domain.grade(payload, fix)
+    assert verdict.solved is True and verdict.diagnostics["judged_by"]["hidden_from_the_solver"] == [hidden]
+    # a "fix" that special-cases the test it was shown fails the one it never saw
+    special = reverted(TINY_BUG).replace("+    if value > high:", "+    if value > low and value != 5:")
+    verdict = domain.grade(payload, json.dumps({"diff": special, "status": "finished", "turns": []}))
+    assert verdict.solved is False, verdict.reason
