@@ -59,6 +59,18 @@ def test_preflight_command(propel_cli, swe_config):
     assert bad.returncode == 1 and "unknown split 'eval'; the registry has: no splits" in bad.stderr
 
 
+def test_verdicts_command(propel_cli, swe_config):
+    """``propel swe verdicts`` surveys the registry: the tiny repository's first bugs verified, each
+    valid one's revert solved, no no-op or README edit solved, every fix shape solved."""
+    path, run = swe_config
+    done = propel_cli("-q", "swe", "verdicts", str(path), "--bugs", "2")
+    (found,) = json.loads((run / "swe" / "verdicts.json").read_text())
+    assert found["bugs"] == 2 and found["valid"] >= 1 and found["reverts_solved"] == found["valid"], found["rows"]
+    assert found["no_ops_solved"] == 0 and found["readme_edits_solved"] == 0
+    assert set(found["shapes_solved"].values()) == {1}
+    assert "tinystats" in done.stdout and "verdicts.json" in done.stdout
+
+
 def test_generate_label_extract(propel_cli, swe_config):
     path, run = swe_config
     propel_cli("-q", "generate", str(path))
