@@ -15,17 +15,23 @@ takes frames (six's ``exec_``) runs as it always did. Denied to the change's cod
   another audit hook, and signal handlers (a handler is handed the running frame; ``signal.signal``
   raises no audit event, so the guard puts it behind a check of its own);
 - the garbage collector's object lists (``gc.get_objects``/``get_referrers``/``get_referents``),
-  ``ctypes`` and other raw-memory modules, building code objects, and the code of the tests;
-- replacing a function's code, or the bases of a class the repository did not define (setting
-  any other attribute of a class raises no audit event: the runners check what they call instead,
-  ``watch``);
-- new processes and signals to processes (``subprocess``, ``os.system``, ``os.fork``, ``os.kill`` ...);
+  ``ctypes`` and other raw-memory modules it imports itself, making, loading or swapping code
+  objects itself, and reading the code of the tests itself;
+- setting the class of a module or object, or the bases of a class, that the repository did not
+  define (setting any other attribute of a class raises no audit event: the runners check what they
+  call instead, ``watch``);
+- new processes and signals to processes (``subprocess``, ``os.system``, ``os.fork``, ``os.kill``,
+  ``_posixsubprocess.fork_exec``), and a second copy of a builtin or extension module (which would
+  come without the guard's wrappers);
 - opening anything under ``/proc`` or ``/sys`` (its own memory, the runner's environment, the boot
   time past a moved clock) or ``/dev/mem``, and
   opening the repository's test files (reading the assertions it must satisfy, or writing new ones).
 
-A thread started while the change's code is on the stack is the change's too: everything it asks
-for is refused, whatever code it runs (the standard library alone could fetch a frame for it).
+A thread started while the change's code is on the stack is the change's too, and so is one the
+guard did not see start: everything it asks for is refused, whatever code it runs (the standard
+library alone could fetch a frame for it). The standard library's own reads of a frame that hand back
+only names and text (logging's caller, a formatted traceback) are let through (``PROBES``,
+``READERS``).
 
 This file is copied beside each runner inside the sandbox, so it imports nothing but the standard
 library; the harness imports it for ``is_test_path`` and ``written_lines``.
@@ -64,7 +70,8 @@ EVENTS = frozenset(
      "os.spawn", "os.fork", "os.forkpty", "os.kill", "os.killpg", "signal.pthread_kill", "pty.spawn"}
 )  # fmt: skip
 EVENT_PREFIXES = ("ctypes.", "_xxsubinterpreters.", "_interpreters.")
-FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "f_back"})
+#: attributes whose reading raises an audit event and hands over a frame or a frame's code
+FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code"})
 #: modules the change's code may not import itself (the standard library may, for its own use)
 MODULES = frozenset(
     {"ctypes", "_ctypes", "cffi", "_cffi_backend", "_testcapi", "_testinternalcapi", "_testbuffer",
@@ -172,8 +179,8 @@ def install(root: str, written: dict[str, list[int]]):
                     pending = target.split("/") + pending
         return "/" + "/".join(done)
 
-    def checkout_path(filename: str, resolve: bool = False) -> str | None:
-        path = absolute(filename, resolve)
+    def checkout_path(filename: str) -> str | None:
+        path = absolute(filename)
         return path[len(prefix) :] if path.startswith(prefix) else None
 
     def repository_code(filename) -> bool:
@@ -277,9 +284,8 @@ def install(root: str, written: dict[str, list[int]]):
         if event == "compile" and type(args[1]) is str and asking(lambda: changed(getframe(3).f_code)):
             compiled.add(args[1])  # what it compiles itself is its own code, whatever name it gives the file
             return
-        made_code = event in ("marshal.loads", "code.__new__") or (
-            event == "object.__setattr__" and args[1] == "__code__"
-        )
+        swapped = event == "object.__setattr__" and type(args[1]) is str and args[1] == "__code__"
+        made_code = swapped or event in ("marshal.loads", "code.__new__")
         if made_code and asking(lambda: changed(getframe(3).f_code)):
             refuse("make or swap code objects")  # itself: the standard library may (types.coroutine, importing)
         what = asking(lambda: sensitive(event, args, getframe(3)))

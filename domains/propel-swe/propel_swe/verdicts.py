@@ -61,6 +61,7 @@ def survey(domain, repo_name: str, bugs: int, shapes: bool = True, progress=None
     repo = domain.repos[repo_name]
     started = time.monotonic()
     rows, shaped_fixes = [], {}
+    readme_edit = _readme_edit(domain, repo)  # the same for every bug
     for number in range(bugs):
         context = Context(id=repo.name, data={"repo": repo.name, "mutant": number, "mutant_seed": 0})
         try:  # the domain's own procedural episode, whatever generator its run uses
@@ -78,7 +79,7 @@ def survey(domain, repo_name: str, bugs: int, shapes: bool = True, progress=None
             fixes = {
                 "revert": unified_diff(path, buggy, clean),
                 "no_op": unified_diff(path, buggy, buggy + "\n# the same code\n"),
-                "readme_edit": _readme_edit(domain, repo),
+                "readme_edit": readme_edit,
             }
             if shapes and not shaped_fixes:
                 fixes.update({f"shape:{name}": unified_diff(path, buggy, shaped(clean, name)) for name in FIX_SHAPES})

@@ -375,11 +375,16 @@ MODULE_CLASS = (
     "        if name.startswith('test') and callable(value):\n            return _REPLACE(value)\n"
     "        return value\n\n\nfor _m in _importers():\n    _m.__class__ = _Module\n"
 )
-FORGED_FIXES["passes_from_a_thread_started_by_a_fresh_thread_module"] = (
-    "_PAYLOAD = "
-    + repr(FORGE_OUTCOMES.format(first="lambda phases: 'passed'", second="lambda module, instance, call: 'passed'"))
-    + "\n"
-    + FRESH_THREAD
+
+
+def from_a_fresh_thread(first: str, second: str) -> str:
+    """Code that patches both runners' outcome functions (``first``, ``second``) from a thread started
+    through a fresh copy of _thread."""
+    return f"_PAYLOAD = {FORGE_OUTCOMES.format(first=first, second=second)!r}\n{FRESH_THREAD}"
+
+
+FORGED_FIXES["passes_from_a_thread_started_by_a_fresh_thread_module"] = from_a_fresh_thread(
+    "lambda phases: 'passed'", "lambda module, instance, call: 'passed'"
 )
 FORGED_FIXES["test_module_class_swapped"] = (
     "def _pass():\n    return None\n\n\ndef _REPLACE(value):\n    return _pass\n\n\n" + MODULE_CLASS
@@ -413,16 +418,9 @@ FAKE_BUGS = {
         "import time as _time\nfrom tinystats.core import clamp as _clamp\n\n\ndef clamp(value, low, high):\n"
         "    if _time.time() < 2e9:\n" + BUGGY_CLAMP + "    return _clamp(value, low, high)\n"
     ),
-    "fails_from_a_thread_started_by_a_fresh_thread_module": (
-        "_PAYLOAD = "
-        + repr(
-            FORGE_OUTCOMES.format(
-                first="lambda phases, _o=o['_outcome']: 'failed' if phases.get('call') else _o(phases)",
-                second="lambda module, instance, call: 'failed'",
-            )
-        )
-        + "\n"
-        + FRESH_THREAD
+    "fails_from_a_thread_started_by_a_fresh_thread_module": from_a_fresh_thread(
+        "lambda phases, _o=o['_outcome']: 'failed' if phases.get('call') else _o(phases)",
+        "lambda module, instance, call: 'failed'",
     ),
     "test_module_class_swapped": (
         "def _fail():\n    raise AssertionError\n\n\n"
