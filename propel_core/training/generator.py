@@ -85,6 +85,8 @@ def train_generator(
         peft_config=lora_config(lora),
         **(multi_turn if domain.multi_turn else {}),
     )
+    if train_config.use_vllm:
+        vllm_weight_sync(trainer)
     generation_batch = train_config.per_device_batch * train_config.gradient_accumulation
     prompts = generation_batch // train_config.group_size
     log.info("GRPO: %d steps, %d prompts x %d generations each", train_config.steps, prompts, train_config.group_size)
@@ -137,13 +139,25 @@ def _check(domain, train_config: TrainConfig) -> None:
             f"train.per_device_batch x train.gradient_accumulation ({generation_batch}) must be a multiple of "
             f"train.group_size ({train_config.group_size})"
         )
+    if domain.multi_turn and train_config.use_vllm:
+        raise PropelError(
+            "train.use_vllm works with single-turn domains: a multi-turn domain's episodes sample each turn from "
+            "the policy in the training process; set train.use_vllm: false"
+        )
     if domain.multi_turn and train_config.replay.strategy != "none":
         raise PropelError("train.replay works with single-turn domains; set train.replay.strategy: none")
 
 
 def _grpo_arguments(run: Run, folder: Path, train_config: TrainConfig, seed: int, checkpoint_every: int):
     """TRL's GRPOConfig for ``train``'s settings."""
+    import os
+
+    import torch
     from trl import GRPOConfig
+
+    if train_config.use_vllm and not torch.cuda.is_available():
+        # vLLM's CPU build sizes its KV cache from this (GiB), not from TRL's GPU memory share
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
     return trainer_arguments(
         GRPOConfig,
@@ -172,6 +186,30 @@ def _grpo_arguments(run: Run, folder: Path, train_config: TrainConfig, seed: int
         vllm_server_base_url=train_config.vllm_server_base_url,
         shuffle_dataset=False,  # a shuffle buffer would draw a thousand prompts ahead of the rewards
     )
+
+
+def vllm_weight_sync(trainer) -> None:
+    """Make TRL's colocated vLLM engine take the policy's weights each step on vLLM's CPU build.
+
+    TRL copies each weight into the engine with the model's ``load_weights``. The CPU build packs every
+    linear layer's weight for its kernels when it loads the model and drops the original parameter, so
+    that call fails (``AttributeError: 'Parameter' object has no attribute 'weight_loader'``). vLLM's
+    own in-place reload (``reload_weights``) unpacks, loads and packs again; the sync goes through it,
+    with the adapter merged into copies of the weights (TRL unmerges it once they are read). A GPU
+    build, and server mode, keep TRL's own sync."""
+    from vllm.platforms import current_platform
+
+    generation = trainer.vllm_generation
+    if generation.mode != "colocate" or not current_platform.is_cpu():
+        return
+    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+
+    def sync_weights() -> None:
+        weights = [(name, weight.clone()) for name, weight in generation._iter_named_params()]
+        runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        generation.llm.reset_prefix_cache()
+
+    generation.sync_weights = sync_weights
 
 
 class EpisodeRollouts:
