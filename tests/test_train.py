@@ -3,6 +3,7 @@ report and co-evolution."""
 
 import importlib.util
 import json
+import os
 import shutil
 import statistics
 
@@ -422,7 +423,15 @@ def test_two_grpo_steps_with_vllm_rollouts(probed_run, tmp_path):
     run = with_config(probed_run, train=settings)
     config = run.config
     folder = tmp_path / "vllm"
+    cores, threads, set_threads = os.sched_getaffinity(0), torch.get_num_threads(), torch.set_num_threads
+    distributed = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "VLLM_CPU_KVCACHE_SPACE")
+    environment = {name: os.environ.get(name) for name in distributed}
     train_generator(run, folder, config.generator, config.train, config.lora, config.reward, config.seed, 100)
+    # TRL and vLLM set distributed variables, and vLLM's CPU worker, in this process, bound it to its cores
+    # and disabled torch.set_num_threads: all given back (a `propel train` started after saw RANK and died)
+    assert {name: os.environ.get(name) for name in distributed} == environment
+    assert os.sched_getaffinity(0) == cores and torch.get_num_threads() == threads
+    assert torch.set_num_threads is set_threads
     assert (folder / "adapter" / "adapter_model.safetensors").exists()
     steps = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
     assert len(steps) == 2

@@ -77,7 +77,7 @@ def train_generator(
         reward_funcs.append(
             get_soft_overlong_punishment(train_config.max_completion_length, train_config.overlong_buffer)
         )
-    with cpu_kv_cache(train_config.use_vllm):
+    with colocated_engine(train_config.use_vllm):
         trainer = trainer_class(
             model=policy,
             reward_funcs=reward_funcs,
@@ -192,23 +192,38 @@ def _grpo_arguments(run: Run, folder: Path, train_config: TrainConfig, seed: int
 
 
 @contextlib.contextmanager
-def cpu_kv_cache(use_vllm: bool, gib: int = 2):
-    """While TRL builds its colocated engine on a machine without CUDA: vLLM's CPU build sizes its KV
-    cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB), not from TRL's GPU memory share, so it is ``gib``
-    unless the variable is set; afterwards the variable is as it was (a vllm backend in the same
-    process sizes its own cache)."""
+def colocated_engine(use_vllm: bool, gib: int = 2):
+    """While TRL builds its colocated vLLM engine, in this process.
+
+    TRL sets the distributed variables (``RANK``, ``WORLD_SIZE``, ``MASTER_PORT``, ...) for vLLM, and
+    vLLM its own; afterwards the environment is as it was, so a process this one starts (a solver
+    server, an audit's, the next stage's) is not taken for a rank of a distributed run. Without CUDA,
+    vLLM's CPU build sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB), not from TRL's GPU
+    memory share, so it is ``gib`` unless set; and its worker binds the process to the cores it
+    picks, sets torch's threads and replaces ``torch.set_num_threads`` with a no-op: afterwards the
+    process's cores, torch's threads and ``torch.set_num_threads`` are as they were, so training, the
+    executor's thread choice and whatever runs next keep the machine they had."""
     import os
 
     import torch
 
-    if not use_vllm or torch.cuda.is_available() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+    if not use_vllm:
         yield
         return
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+    environment = dict(os.environ)
+    cpu = not torch.cuda.is_available()
+    cores, threads, set_threads = os.sched_getaffinity(0), torch.get_num_threads(), torch.set_num_threads
+    if cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
     try:
         yield
     finally:
-        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        os.environ.clear()
+        os.environ.update(environment)
+        if cpu:
+            torch.set_num_threads = set_threads
+            os.sched_setaffinity(0, cores)
+            torch.set_num_threads(threads)
 
 
 def vllm_weight_sync(trainer) -> None:
