@@ -31,6 +31,7 @@ from propel_core.embedded import resolve_model
 from propel_core.errors import PropelError
 
 #: the KV cache a CPU build gets when neither ``kv_cache_gb`` nor ``VLLM_CPU_KVCACHE_SPACE`` is set
+#: (the train stage's colocated engine too)
 CPU_KV_CACHE_GB = 2.0
 #: engine arguments propel sets from the role itself; ``engine`` may not set them again
 FROM_THE_ROLE = ("model", "revision", "dtype", "enable_lora", "max_lora_rank")

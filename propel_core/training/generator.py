@@ -192,16 +192,17 @@ def _grpo_arguments(run: Run, folder: Path, train_config: TrainConfig, seed: int
 
 
 @contextlib.contextmanager
-def colocated_engine(use_vllm: bool, gib: int = 2):
+def colocated_engine(use_vllm: bool):
     """While TRL builds its colocated vLLM engine, in this process.
 
     TRL sets the distributed variables (``RANK``, ``WORLD_SIZE``, ``MASTER_PORT``, ...) for vLLM, and
     vLLM its own; afterwards the environment is as it was, so a process this one starts (a solver
     server, an audit's, the next stage's) is not taken for a rank of a distributed run. Without CUDA,
     vLLM's CPU build sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB), not from TRL's GPU
-    memory share, so it is ``gib`` unless set; and its worker binds the process to the cores it
-    picks, sets torch's threads and replaces ``torch.set_num_threads`` with a no-op: afterwards the
-    process's cores, torch's threads and ``torch.set_num_threads`` are as they were, so training, the
+    memory share, so it is the vllm backend's CPU default (``CPU_KV_CACHE_GB``) unless set; and its
+    worker binds the process to the cores it picks, sets torch's threads and replaces
+    ``torch.set_num_threads`` with a no-op: afterwards the process's cores, torch's threads and
+    ``torch.set_num_threads`` are as they were, so training, the
     executor's thread choice and whatever runs next keep the machine they had."""
     import os
 
@@ -214,7 +215,9 @@ def colocated_engine(use_vllm: bool, gib: int = 2):
     cpu = not torch.cuda.is_available()
     cores, threads, set_threads = os.sched_getaffinity(0), torch.get_num_threads(), torch.set_num_threads
     if cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+        from propel_plugins.vllm_backend import CPU_KV_CACHE_GB
+
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(CPU_KV_CACHE_GB))  # the variable takes whole GiB
     try:
         yield
     finally:
