@@ -1,7 +1,9 @@
 """Runs per second of AZR checks: the full local sandbox vs a bare subprocess (the peer).
 
-Compares: the AZR domain's sandboxed execute (bubblewrap, own uid, tmpfs workdir, limits) against the
-same AZR driver run by a bare ``python -S -B`` subprocess, on the same functions and inputs.
+Compares: the AZR domain's sandboxed execute (bubblewrap, own uid, tmpfs workdir, limits, address
+randomization off) against the same AZR driver run by a bare ``python -S -B`` subprocess, on the same
+functions and inputs; and against the same sandbox with address randomization left on (what the
+``setarch -R`` layer costs).
 
 The functions are the AZR domain's seed programs (the small pure functions its generator imitates),
 each called on its own inputs, with the domain's default sandbox settings. Both arms start every run
@@ -59,17 +61,28 @@ def main() -> None:
                 )
                 json.loads((folder / "result.json").read_text())
 
-        def sandboxed() -> None:
+        def sandboxed(azr) -> None:
             for code, inputs in programs:
-                result = domain.execute(code, inputs)
+                result = azr.execute(code, inputs)
                 assert result.ok, result.detail
 
+        # the layer before it was added: the same sandbox without ``setarch -R`` in front of python
+        randomized = Registry.build().domain("azr")
+        with_setarch = randomized.sandbox._limits
+        randomized.sandbox._limits = lambda time_limit=None: with_setarch(time_limit)[:-3]
         peer = "bare subprocess, new session (peer)"
-        times = compare({peer: bare, "local sandbox (azr execute)": sandboxed}, repeats=args.repeats, warmup=1)
+        arms = {
+            peer: bare,
+            "local sandbox (azr execute)": lambda: sandboxed(domain),
+            "local sandbox, address randomization on": lambda: sandboxed(randomized),
+        }
+        times = compare(arms, repeats=args.repeats, warmup=1)
     print(f"{args.runs} AZR seed programs per call, each on its inputs; isolated: {domain.sandbox.isolated}")
     report("local sandbox vs a bare subprocess, per call of each arm", times, baseline=peer, per=(args.runs, "runs"))
     low, mid = ratio(times, peer, "local sandbox (azr execute)")
     print(f"sandbox run rate / bare run rate: {low:.2f}x (min), {mid:.2f}x (median)")
+    low, mid = ratio(times, "local sandbox, address randomization on", "local sandbox (azr execute)")
+    print(f"with setarch -R / without: {low:.2f}x (min), {mid:.2f}x (median) of the run rate")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import threading
 import time
@@ -222,9 +223,30 @@ def _run_job(worker: JobRunner, job: Job):
     return cached.run(job)
 
 
+#: Ray's switch for a cluster of one machine: off, a local instance takes loopback as its node address
+#: and its servers listen there only (by default they listen on every interface)
+LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: the first Ray that starts a local instance with token authentication on
+AUTHENTICATING_RAY = (2, 59)
+
+
+def _check_local_ray(ray) -> None:
+    """Refuse to start a local Ray instance that would accept unauthenticated jobs."""
+    version = tuple(int(part) for part in ray.__version__.split(".")[:2] if part.isdigit())
+    if version < AUTHENTICATING_RAY:
+        raise PropelError(
+            f"Ray {ray.__version__} starts a local instance without token authentication (an open job API); "
+            "pip install 'ray>=2.59', or give executor.options.address of a cluster you secured"
+        )
+    if os.environ.get("RAY_AUTH_MODE", "token") != "token":
+        raise PropelError(
+            f"RAY_AUTH_MODE={os.environ['RAY_AUTH_MODE']} would start a local Ray that runs anyone's jobs; unset it"
+        )
+
+
 class RayExecutor:
-    """Jobs as Ray tasks on the cluster at ``address`` (or ``RAY_ADDRESS``; neither: a Ray instance
-    started on this machine). A job is scheduled only where ``resources`` are free (say ``{docker: 1}``,
+    """Jobs as Ray tasks on the cluster at ``address`` (or ``RAY_ADDRESS``; neither: a new Ray instance
+    started on this machine, on loopback). A job is scheduled only where ``resources`` are free (say ``{docker: 1}``,
     declared per node with ``ray start --resources``); a job lost with its worker or node is retried
     by Ray up to ``max_retries`` times, with the same seed. An error raised by a job stops the run."""
 
@@ -236,14 +258,26 @@ class RayExecutor:
         num_cpus: float = 1,
         max_retries: int = 3,
     ):
+        address = address or os.environ.get("RAY_ADDRESS")
+        if address is None:  # read when Ray is imported: a local instance then lives on loopback
+            os.environ[LOCAL_ONLY] = "0"
         try:
             import ray
         except ImportError:
             raise PropelError("the ray executor needs Ray: pip install 'propel-core[ray]'") from None
         self.ray, self.workers, self.in_flight = ray, workers, 0
-        address = address or os.environ.get("RAY_ADDRESS")
         if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, logging_level="warning")
+            if address is None:
+                _check_local_ray(ray)
+            # "local": a new instance, never one a `ray start` left on this machine (give address: auto)
+            where = address or "local"
+            ray.init(address=where, include_dashboard=False, ignore_reinit_error=True, logging_level="warning")
+            if address is None and not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
+                ray.shutdown()  # Ray was imported before LOCAL_ONLY was set
+                raise PropelError(
+                    f"a local Ray would listen on {ray.util.get_node_ip_address()}, beyond loopback: set "
+                    f"{LOCAL_ONLY}=0 before Ray is imported, or give executor.options.address"
+                )
         options = dict(num_cpus=num_cpus, resources=dict(resources or {}), max_retries=max_retries)
         self.remote = ray.remote(_run_job).options(**options, retry_exceptions=False)
         needed = {"CPU": num_cpus, **(resources or {})}

@@ -10,7 +10,8 @@ Layers, each one a separate defence:
    set by ``setpriv`` inside the sandbox, so the process is not root anywhere and RLIMIT_NPROC holds.
 3. Resource limits: address space, CPU seconds, file size, open files, processes; a uid of its own
    per run (so the process limit is per run), and a workdir on a tmpfs of its own with a size and
-   an inode budget (so the host's disk is never touched).
+   an inode budget (so the host's disk is never touched). Address randomization is off (``setarch
+   -R``), so each run is reproducible: the same program and input give the same memory layout.
 4. The harness: a wall-clock timeout, output capped in bytes, every process of the run's uid killed
    and gone before the workdir is removed.
 
@@ -119,9 +120,12 @@ class LocalSandbox:
             raise PropelError(f"the sandbox's hide option names folders by absolute path; these are not: {bad[:5]}")
         self.bwrap = shutil.which("bwrap")
         self.setpriv = shutil.which("setpriv")
-        self.prlimit = shutil.which("prlimit")
-        if self.prlimit is None:
-            raise SandboxUnavailable("the local sandbox needs prlimit (util-linux) to set resource limits")
+        self.prlimit, self.setarch = shutil.which("prlimit"), shutil.which("setarch")
+        if self.prlimit is None or self.setarch is None:
+            raise SandboxUnavailable(
+                "the local sandbox needs prlimit and setarch (util-linux) to set resource limits and "
+                "to turn address randomization off"
+            )
         missing = self.missing_layers()
         if missing and not allow_unisolated:
             raise SandboxUnavailable(
@@ -235,6 +239,9 @@ class LocalSandbox:
             f"--nproc={self.max_processes}",
             "--core=0",
             "--",
+            self.setarch,  # no address randomization: the same program on the same input lays out its
+            os.uname().machine,  # memory the same way in every run (an id() or a set of objects is
+            "-R",  # reproducible, so validity and grading cannot disagree by chance)
         ]
 
     def _isolated(

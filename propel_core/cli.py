@@ -57,6 +57,9 @@ class PropelGroup(click.Group):
 def cli(ctx: click.Context, quiet: bool) -> None:
     """propel: train task generators at the learnable frontier with probe rewards."""
     ctx.obj = {"quiet": quiet}
+    for stream in (sys.stdout, sys.stderr):  # a line naming a file or quoting a model never ends the command
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s")
     if quiet:  # read by huggingface_hub and transformers when they are first imported
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"

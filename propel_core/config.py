@@ -8,6 +8,7 @@ any model loads, naming the key, the bad value and what is allowed; names of plu
 from __future__ import annotations
 
 import logging
+import re
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
+from propel_core.records import readable
 
 
 class ConfigError(PropelError):
@@ -450,6 +452,9 @@ def load_config(
             if not Path(path).is_file():
                 raise ConfigError(f"config file not found: {path}")
             layers.append(OmegaConf.load(path))
+        for override in overrides:
+            if readable(override) != override:  # YAML text is Unicode; an undecodable file name is not
+                raise ConfigError(f"override {readable(override)} is not valid UTF-8 (a file name's bytes?)")
         layers.append(OmegaConf.from_dotlist(list(overrides)))
         data = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
     except OmegaConfBaseException as exc:
@@ -457,7 +462,35 @@ def load_config(
     return validate_config(data or {}, registry)
 
 
+#: a URL with a credential in it: a user (and password) before the host, or a query parameter named
+#: like a secret (api_key=, token=, ...)
+URL_USER = re.compile(r"^[a-z][a-z0-9+.-]*://[^/?#@\s]*@", re.IGNORECASE)
+URL_SECRET = re.compile(r"[?&][^=&#]*(?:key|token|secret|password|passwd|credential|signature)[^=&#]*=", re.IGNORECASE)
+
+
+def url_credentials(data: Any) -> list[str]:
+    """Where ``data`` (a config as read, at any depth) holds a URL with a credential: each a line
+    naming the key, never the secret. Configs are copied into the run folder, its report and the
+    console, so secrets stay out of them and are named by reference (``api_key_env``)."""
+    found = []
+    pending = [(data, "")]
+    while pending:
+        value, path = pending.pop()
+        if isinstance(value, dict):
+            pending += [(item, f"{path}.{key}".lstrip(".")) for key, item in value.items()]
+        elif isinstance(value, list):
+            pending += [(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        elif isinstance(value, str) and "://" in value and (URL_USER.match(value) or URL_SECRET.search(value)):
+            found.append(
+                f"{path} holds a URL with a credential in it (user:password@ or a secret query parameter): "
+                "keep secrets out of configs, in an environment variable named by api_key_env"
+            )
+    return sorted(found)
+
+
 def validate_config(data: dict[str, Any], registry: Registry | None = None) -> PropelConfig:
+    if problems := url_credentials(data):
+        raise ConfigError("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
     try:
         config = PropelConfig.model_validate(data)
     except ValidationError as exc:

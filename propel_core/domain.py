@@ -34,6 +34,9 @@ class Verdict:
     A domain whose attempts earn partial credit (the ML-engineering RL study) puts in ``diagnostics``
     the ``markers`` the attempt reached (names from ``workflow_markers``) and its ``verifier_score``
     (None when its output is invalid); ``solve-train``'s reward rules read those two.
+
+    A verdict is always a record: a value of ``diagnostics`` no record can hold (a non-finite
+    metric, a value too deep or too large) becomes None, with the reason under ``unrecordable``.
     """
 
     solved: bool | None = field(metadata={"doc": "True, False, or None when the attempt cannot be graded"})
@@ -41,6 +44,34 @@ class Verdict:
     diagnostics: dict[str, Any] = field(
         default_factory=dict, metadata={"doc": "``markers`` and ``verifier_score`` for partial credit, and more"}
     )
+
+    def __post_init__(self) -> None:
+        self.diagnostics = recordable(self.diagnostics)
+        if type(self.reason) is str and check_value(self.reason) is not None:  # a surrogate pair held as two
+            self.reason = self.reason.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
+
+
+def recordable(diagnostics: Any) -> dict[str, Any]:
+    """``diagnostics`` as a record can hold them, so that a verdict is always writable: each value
+    ``check_value`` refuses (a non-finite metric, a value too deep or too large, a type JSON lacks)
+    becomes None, and ``unrecordable`` says why, by key. The verdict itself stands."""
+    if type(diagnostics) is dict and check_value(diagnostics, "diagnostics") is None:
+        return diagnostics
+    if type(diagnostics) is not dict:
+        return {"unrecordable": {"diagnostics": f"of type {type(diagnostics).__name__}, not a dict"}}
+    kept: dict[str, Any] = {}
+    problems: dict[str, str] = {}
+    for key, value in diagnostics.items():
+        if type(key) is not str or check_value(key) is not None:
+            problems[f"<{type(key).__name__} key>"] = "a key that is not a plain string"
+        elif problem := check_value(value, f"diagnostics.{key}"[:200]):
+            kept[key], problems[key] = None, problem
+        else:
+            kept[key] = value
+    kept["unrecordable"] = problems
+    if problem := check_value(kept, "diagnostics"):  # each value fits, all of them together do not
+        return {"unrecordable": {"diagnostics": problem}}
+    return kept
 
 
 class Domain(ABC):
@@ -193,8 +224,7 @@ def grade_attempt(domain: Domain, task: Task, text: str) -> SolverAttempt:
     tells the user: ``execution.note_ungradable``, once per kind of error, not per attempt)."""
     try:
         verdict = domain.grade(task.payload, text)
-        if problem := check_value(verdict.diagnostics, "diagnostics"):
-            raise ValueError(f"its verdict cannot be recorded: {problem}")
+        verdict.diagnostics = recordable(verdict.diagnostics)  # again: a grader may change them after
     except Unavailable:
         raise
     except Exception as exc:

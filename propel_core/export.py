@@ -4,8 +4,8 @@
 the export gives them one flat, typed shape instead: one split per task file (``corpus`` from
 ``RUN/tasks.jsonl``, ``eval_ARM`` from each ``RUN/eval/ARM/tasks.jsonl``), one row per task with its
 label joined in (empty where the task has none), nested data as JSON text. Arrow's strings must be
-valid UTF-8, so a string a model wrote that is not (a lone surrogate) is exported with ``\\u``
-escapes in its place; the run's own files keep it exactly.
+valid UTF-8, so every string field is exported ``readable``: where a model wrote what is not (a lone
+surrogate), ``\\u`` escapes stand in its place; the run's own files keep it exactly.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from propel_core.errors import PropelError
-from propel_core.records import Label, Task, iter_jsonl, to_json
+from propel_core.records import Label, Task, iter_jsonl, readable, to_json
 
 
 def task_files(run_dir: Path) -> dict[str, Path]:
@@ -31,36 +31,27 @@ def rows(tasks: Path) -> list[dict]:
     for task in iter_jsonl(tasks, Task):
         label = labels.get(task.id)
         out.append(
-            {
-                "id": task.id,
-                "domain": task.domain,
-                "context_id": task.context_id,
-                "generator": task.generator,
-                "generation": utf8(task.generation),
-                "text": to_json(task.text) if isinstance(task.text, list) else utf8(task.text),
-                "payload": None if task.payload is None else to_json(task.payload),
-                "valid": task.validity.valid,
-                "rejection": utf8(task.validity.reason),
-                "topic": task.topic,
-                "labeled": label is not None,
-                "solved": [a.solved for a in label.attempts] if label else [],
-                "solve_rate": label.solve_rate if label else None,
-                "utility": label.utility if label else None,
-                "band": list(label.band) if label else [],
-            }
+            readable(
+                {
+                    "id": task.id,
+                    "domain": task.domain,
+                    "context_id": task.context_id,
+                    "generator": task.generator,
+                    "generation": task.generation,
+                    "text": to_json(task.text) if isinstance(task.text, list) else task.text,
+                    "payload": None if task.payload is None else to_json(task.payload),
+                    "valid": task.validity.valid,
+                    "rejection": task.validity.reason,
+                    "topic": task.topic,
+                    "labeled": label is not None,
+                    "solved": [a.solved for a in label.attempts] if label else [],
+                    "solve_rate": label.solve_rate if label else None,
+                    "utility": label.utility if label else None,
+                    "band": list(label.band) if label else [],
+                }
+            )
         )
     return out
-
-
-def utf8(text: str | None) -> str | None:
-    """``text``, with ``\\u`` escapes for what is not valid UTF-8 (Arrow refuses it)."""
-    if text is None:
-        return None
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode()
-    return text
 
 
 def export(run_dir: Path, to: Path) -> dict[str, int]:
@@ -69,6 +60,8 @@ def export(run_dir: Path, to: Path) -> dict[str, int]:
     from datasets import Dataset, DatasetDict
 
     run_dir = Path(run_dir)
+    if readable(str(to)) != str(to):
+        raise PropelError(f"--to {readable(str(to))} is not valid UTF-8, which Arrow needs of a folder name")
     files = task_files(run_dir)
     if not files:
         raise PropelError(f"{run_dir} holds no tasks.jsonl to export: run `propel generate` first")

@@ -99,6 +99,29 @@ def to_json(data: Any, **options: Any) -> str:
     return text
 
 
+def readable(value: Any) -> Any:
+    """``value`` for a file or a screen meant for people (report.html, exported columns, console
+    lines, tracker text): each string in it, in lists, tuples and dicts too, made valid UTF-8, with
+    ``\\u`` escapes for what a model or a file name left that is not (a lone surrogate, undecodable
+    bytes). The run's records keep such strings exactly; only what people read is escaped."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode()
+        return value
+    if isinstance(value, list | tuple):
+        return [readable(item) for item in value]
+    if isinstance(value, dict):
+        return {readable(key): readable(item) for key, item in value.items()}
+    return value
+
+
+def write_readable(path: Path, text: str) -> None:
+    """Write a file for people: ``text`` made ``readable``, as UTF-8 whatever the locale."""
+    path.write_text(readable(text), encoding="utf-8")
+
+
 def encode(record: BaseModel) -> bytes:
     """One JSONL line (without its newline) that ``decode`` reads back as an equal record; ValueError
     when the record holds what JSON cannot say exactly (a non-finite number)."""
@@ -254,10 +277,11 @@ def keep_entries(log_path: Path, keep: Callable[[dict], bool]) -> None:
 
 
 class JsonlWriter:
-    """Appends records to a JSONL file, one whole flushed line each; cuts off a torn tail first. A write
-    that fails (a full disk) is undone, so the file keeps every earlier record and no partial line, and
-    an OSError opening or writing the file becomes a PropelError naming it. A record the codec cannot
-    write exactly costs that record alone: it is skipped with a warning, and ``write`` says False."""
+    """Appends records (or a log's plain entries) to a JSONL file, one whole flushed line each; cuts
+    off a torn tail first. A write that fails (a full disk) is undone, so the file keeps every earlier
+    record and no partial line, and an OSError opening or writing the file becomes a PropelError
+    naming it. A record the codec cannot write exactly costs that record alone: it is skipped with a
+    warning, and ``write`` says False."""
 
     def __init__(self, path: str | Path, fsync: bool = True):
         self.path = Path(path)
@@ -270,11 +294,13 @@ class JsonlWriter:
         except OSError as exc:
             raise file_error(exc.filename or self.path, exc) from None
 
-    def write(self, record: BaseModel) -> bool:
+    def write(self, record: BaseModel | dict[str, Any]) -> bool:
+        """Append ``record`` (a record, or a log's plain entry)."""
         try:
-            line = memoryview(encode(record) + b"\n")
-        except (ValueError, RecursionError) as exc:
-            log.warning("%s: a %s record was not written: %s", self.path.name, type(record).__name__, exc)
+            data = record.model_dump() if isinstance(record, BaseModel) else record
+            line = memoryview(to_json(data).encode() + b"\n")
+        except (ValueError, TypeError, RecursionError) as exc:
+            log.warning("%s: a %s entry was not written: %s", self.path.name, type(record).__name__, exc)
             return False
         try:
             written = 0

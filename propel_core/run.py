@@ -29,6 +29,7 @@ from propel_core.domain import Domain
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
 from propel_core.provenance import claim
+from propel_core.records import readable
 from propel_core.tracking import Tracker
 from propel_core.worker import Worker
 
@@ -121,7 +122,7 @@ class Run:
     def say(self, text: str) -> None:
         """Tell the user what a stage found (its summary, table or verdict): on standard output, also
         with ``-q``, which silences only progress (bars and ``log`` messages)."""
-        click.echo(text)
+        click.echo(readable(text))
 
     @contextlib.contextmanager
     def progress(self, description: str, total: int) -> Iterator[Callable[..., None]]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from propel_core.errors import PropelError
+from propel_core.records import readable
 
 #: the project wandb and trackio log to
 PROJECT = "propel"
@@ -76,7 +77,8 @@ class Tracker:
                 writer.add_text(f"{stage}/{name}", "\n".join(lines), 0)
                 writer.flush()
             else:
-                table = __import__(tracker).Table(columns=columns, data=[[row[c] for c in columns] for row in rows])
+                data = [[readable(row[c]) for c in columns] for row in rows]
+                table = __import__(tracker).Table(columns=readable(columns), data=data)
                 self._run(tracker).log({f"{stage}/{name}": table})
 
     def _writer(self, stage: str):
@@ -108,7 +110,7 @@ class Tracker:
 
 
 def _cell(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return f"{value:.4g}" if isinstance(value, float) else readable(str(value))
 
 
 def _missing(tracker: str) -> PropelError:

@@ -250,3 +250,36 @@ def test_only_a_scalar_is_put_back_as_read_and_a_plugins_mistakes_are_lines(prop
         ]
     finally:
         del propel_registry.components["domains"]["made"], propel_registry.components["domains"]["looped"]
+
+
+@pytest.mark.parametrize(
+    "key, url",
+    [
+        ("solver.base_url", "http://user:s3cret@127.0.0.1:9/v1"),
+        ("generator.base_url", "https://s3cret@api.example.com/v1"),
+        ("train.vllm_server_base_url", "http://127.0.0.1:8000/v1?api_key=s3cret"),
+        ("solver.options.proxy", "http://host/v1?x=1&Access-Token=s3cret"),
+        ("executor.options.address", "ray://admin:s3cret@head:10001"),
+    ],
+)
+def test_a_url_with_a_credential_is_refused_and_never_repeated(key, url, tmp_path, propel_cli):
+    """Configs are copied into the run folder, report.html and the console: a URL holding a secret
+    is refused when the config is read, in one line that names the key and not the secret."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\ndomain: {{name: countdown}}\n")
+    refused = propel_cli("label", str(config), f"{key}={url}", check=False)
+    assert refused.returncode == 1 and f"{key} holds a URL with a credential" in refused.stderr
+    assert "s3cret" not in refused.stderr + refused.stdout
+    assert not [path for path in tmp_path.rglob("*") if path.is_file() and b"s3cret" in path.read_bytes()]
+
+
+def test_urls_without_credentials_are_kept(propel_registry):
+    config = validate_config(
+        {
+            "domain": {"name": "countdown"},
+            "solver": {"backend": "openai", "base_url": "http://127.0.0.1:8000/v1?api-version=2024-06-01"},
+            "generator": {"base_url": "https://api.example.com/v1#frag@x"},
+        },
+        propel_registry,
+    )
+    assert config.solver.base_url.endswith("api-version=2024-06-01")

@@ -107,3 +107,42 @@ def test_resources_no_node_offers_are_a_clear_error(propel_ray_cluster, propel_l
         PropelError, match=r"no node of the Ray cluster offers docker: 1 \(cluster resources: .*sandbox: 4"
     ):
         run.executor()
+
+
+LOCAL_RAY = """
+import json, sys
+import psutil
+from propel_plugins.executors import RayExecutor
+
+executor = RayExecutor(workers=1, num_cpus=1)
+jobs = executor.ray.get(executor.ray.remote(lambda: 6 * 7).remote())  # it runs jobs
+ours = [psutil.Process(), *psutil.Process().children(recursive=True)]
+listening = set()
+for process in ours:
+    try:
+        listening |= {c.laddr.ip for c in process.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+    except psutil.NoSuchProcess:
+        pass
+print(json.dumps({"answer": jobs, "listening": sorted(listening)}))
+"""
+
+
+def test_a_local_ray_listens_on_loopback_only(tmp_path):
+    """The Ray instance the executor starts when no address is given: every server of it (GCS, raylet,
+    object manager, workers) listens on loopback, not on the machine's other interfaces; one started
+    with token authentication turned off is refused."""
+    import ipaddress
+    import os
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+    done = subprocess.run([sys.executable, "-c", LOCAL_RAY], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["answer"] == 42 and found["listening"]
+    assert all(ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback for ip in found["listening"]), found
+    refused = subprocess.run(
+        [sys.executable, "-c", LOCAL_RAY], env=env | {"RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True
+    )
+    assert refused.returncode == 1 and "RAY_AUTH_MODE=disabled would start a local Ray" in refused.stderr

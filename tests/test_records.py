@@ -158,15 +158,20 @@ def test_a_task_is_stored_as_checked_or_rejected_with_a_reason(tmp_path_factory,
 
 @settings(max_examples=300, deadline=None)
 @given(value=hostile_values, text=hostile_text)
-def test_a_graded_attempt_is_stored_as_graded_or_is_ungradable(tmp_path_factory, value, text):
+def test_a_graded_attempt_is_stored_as_graded(tmp_path_factory, value, text):
+    """The verdict stands whatever its diagnostics hold; a value no record can hold becomes None, with
+    the reason under ``unrecordable`` (an overflowing metric must not cost the attempt or the log)."""
     tmp_path = tmp_path_factory.mktemp("codec")
-    diagnostics = {"v": value}
+    diagnostics = {"v": value, "markers": ["ran"]}
     task = Task(id="t", domain="replays", context_id="c", generation="", validity=Validity.ok(), generator=text)
     attempt = grade_attempt(Replays(diagnostics=diagnostics), task, text)
+    assert attempt.solved is True and check_value(attempt.reason) is None
+    assert attempt.reason == text or check_value(text) is not None  # a pair held as two code points is merged
     if check_value(diagnostics) is None:
-        assert attempt.solved is True and same(attempt.diagnostics, diagnostics) and attempt.reason == text
+        assert same(attempt.diagnostics, diagnostics)
     else:
-        assert attempt.solved is None and "cannot be recorded" in attempt.reason
+        assert attempt.diagnostics["v"] is None and attempt.diagnostics["markers"] == ["ran"]
+        assert attempt.diagnostics["unrecordable"]["v"] == check_value(value, "diagnostics.v")
     label = Label.from_attempts("t", [attempt, attempt], (0.0, 1.0), 1)
     assert round_trip(tmp_path, label) == label
     assert round_trip(tmp_path, Context(id=text, data={"x": text}, bucket=text)).id == text
@@ -191,7 +196,20 @@ def test_a_record_the_codec_cannot_write_costs_that_record_alone(tmp_path, caplo
         assert not out.write(SolverAttempt(text="b", solved=True, diagnostics={"x": float("nan")}))
         assert out.write(SolverAttempt(text="\udcff", solved=False))
     assert [attempt.text for attempt in iter_jsonl(path, SolverAttempt)] == ["a", "\udcff"]
-    assert "record was not written" in caplog.text
+    assert "a SolverAttempt entry was not written" in caplog.text
+
+
+def test_a_log_entry_the_codec_cannot_write_costs_its_line_alone(tmp_path, caplog):
+    """Training's logs (rollouts, completions, replay, audits) write plain entries the same way: an
+    entry holding what JSON cannot say is skipped with a warning, never raised into the reward call."""
+    path = tmp_path / "rollouts.jsonl"
+    with JsonlWriter(path, fsync=False) as out:
+        assert out.write({"step": 1, "metric": 0.5})
+        assert not out.write({"step": 2, "metric": float("inf")})
+        assert not out.write({"step": 3, "seen": {1, 2}})
+        assert out.write({"step": 4, "text": "\ud800"})
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 4]
+    assert caplog.text.count("a dict entry was not written") == 2
 
 
 def test_a_surrogate_pair_held_as_two_code_points_is_refused_not_merged(tmp_path):

@@ -25,6 +25,7 @@ from propel_core.evaluation import (
 )
 from propel_core.execution import sample_and_label, ungradable_summary
 from propel_core.provenance import folder_digest, holds_records
+from propel_core.records import write_readable
 from propel_core.run import Run, log
 
 #: the rows of the side-by-side table: metric key and its heading
@@ -76,7 +77,7 @@ def evaluate(run: Run) -> None:
     for arm, values in results.items():
         run.track("evaluate", {f"{arm}/{key}": number for key, number in headline(values).items()})
     table_text = table(results)
-    (folder / "table.md").write_text(table_text + "\n")
+    write_readable(folder / "table.md", table_text + "\n")
     histogram_plot(folder / "solve_counts.png", results, config.evaluate.k, config.label)
     run.say(table_text)
     run.say(evaluation_verdict(results))

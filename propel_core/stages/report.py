@@ -22,7 +22,7 @@ from propel_core.config import dump_config
 from propel_core.evaluation import evaluation_verdict, shift_text
 from propel_core.execution import ungradable_line
 from propel_core.provenance import refusals
-from propel_core.records import Label, Task, iter_jsonl
+from propel_core.records import Label, Task, iter_jsonl, write_readable
 from propel_core.run import Run
 from propel_core.training.audit import read_records
 from propel_core.training.generator_reward import COMPLETIONS
@@ -81,7 +81,7 @@ def report(run: Run) -> None:
         f"<!doctype html><html><head><meta charset='utf-8'><title>propel report: {html.escape(str(root))}</title>"
         f"<style>{STYLE}</style></head><body><h1>propel report: {html.escape(str(root))}</h1>{body}</body></html>"
     )
-    (root / "report.html").write_text(page)
+    write_readable(root / "report.html", page)
     run.say(f"report: {root / 'report.html'}")
 
 

@@ -163,8 +163,8 @@ class Audit:
             snapshot = self.journal / f"step-{step}"
             if best and snapshot.exists():
                 _replace(snapshot, self.folder / BEST, record)
-            with self.records_path.open("a") as handle:
-                handle.write(to_json(record) + "\n")
+            with JsonlWriter(self.records_path) as out:
+                out.write(record)
             self.records.append(record)
             _remove(snapshot)
             _remove(self.journal / f"probabilities-{step}.json")

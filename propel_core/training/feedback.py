@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from propel_core.backend import prefill as prompt_prefill
 from propel_core.contracts import ContextSampler
-from propel_core.records import Context, to_json
+from propel_core.records import Context, JsonlWriter
 from propel_core.training.replay import ReplayBuffer
 
 if TYPE_CHECKING:
@@ -58,5 +58,5 @@ class FeedsBack:
         if self.sampler is not None and hasattr(self.sampler, "diagnostics"):
             entry["sampler"] = self.sampler.diagnostics()
         if self.log_path is not None:
-            with self.log_path.open("a") as handle:
-                handle.write(to_json(entry) + "\n")
+            with JsonlWriter(self.log_path, fsync=False) as out:
+                out.write(entry)

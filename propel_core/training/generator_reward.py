@@ -20,7 +20,7 @@ from propel_core.domain import Domain, make_task
 from propel_core.errors import PropelError
 from propel_core.probes.bundles import ProbeScorer, load_probe
 from propel_core.provenance import folder_digest
-from propel_core.records import Context, Label, Task, to_json
+from propel_core.records import Context, JsonlWriter, Label, Task
 from propel_core.training.feedback import FeedsBack, generations
 from propel_core.training.replay import ReplayBuffer
 
@@ -114,8 +114,8 @@ class RewardScorer(FeedsBack):
         replayed = self.feed_back(step, prompts, completions, completion_ids, context_id, rewards)
         self.log(step, tasks, rewards, scores, replayed)
         if self.log_path is not None:
-            with self.log_path.with_name(COMPLETIONS).open("a") as handle:
-                handle.write(to_json(self.sample(step, tasks, rewards, scores, overflowed)) + "\n")
+            with JsonlWriter(self.log_path.with_name(COMPLETIONS), fsync=False) as out:
+                out.write(self.sample(step, tasks, rewards, scores, overflowed))
         return rewards
 
     def task(self, i: int, step: int, generation: str, context_ids) -> Task:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from propel_core.contracts import ContextSampler, RewardRule
 from propel_core.domain import Domain
 from propel_core.errors import PropelError
-from propel_core.records import Context, Label, SolverAttempt, Task, Validity, encode, to_json
+from propel_core.records import Context, JsonlWriter, Label, SolverAttempt, Task, Validity, encode
 from propel_core.training.feedback import FeedsBack, generations
 from propel_core.training.replay import ReplayBuffer
 
@@ -137,10 +137,10 @@ class SolverRewards(FeedsBack):
         return [score["calibrated"] for score in scores]
 
     def write(self, step, tasks, texts, rewards, sources, details) -> None:
-        with self.rollouts.open("a") as handle:
+        with JsonlWriter(self.rollouts, fsync=False) as out:
             for task, text, reward, source, found in zip(tasks, texts, rewards, sources, details, strict=True):
                 row = {"step": step, "task_id": task.id, "source": source, "reward": reward, "text": text}
-                handle.write(to_json(row | {key: found.get(key) for key in ROLLOUT_FIELDS}) + "\n")
+                out.write(row | {key: found.get(key) for key in ROLLOUT_FIELDS})
 
     def log(self, step, rewards, sources, graded, replayed: int, seconds: float) -> None:
         """This step's numbers: reward mean and spread, where rewards came from, and on verifier steps

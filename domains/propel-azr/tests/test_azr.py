@@ -266,6 +266,32 @@ def test_validity_mirrors_grading(domain, predicates, code):
         assert task.validity.reason.startswith("azr_execution: nondeterministic"), task.validity.reason
 
 
+#: outputs that depend on where objects land in memory: under address randomization each run
+#: draws another layout, so a bit of an address agrees across the three validity runs one time in
+#: four and with grading one time in two
+LAYOUT_DEPENDENT = [
+    "def f(x):\n    return x + (id(object()) >> 24) % 2",
+    "def f(x):\n    return [x, (hash(object()) >> 21) % 2]",
+    "def f(x):\n    return [x, int(repr(object())[-7], 16) % 2]",
+]
+
+
+@pytest.mark.parametrize("code", LAYOUT_DEPENDENT)
+def test_a_layout_dependent_task_is_always_invalid_or_always_consistent(domain, predicates, code):
+    """Runs are reproducible by construction (the sandbox turns address randomization off): the
+    same layout-dependent f, checked and graded six times, gets the same validity every time, and
+    when valid the same outputs, which its own f then reproduces under grading."""
+    text = generation(code, [[i] for i in range(10)])
+    outcomes = set()
+    for _ in range(6):
+        task = make_task("t", domain, Context(id="c", data={}), text, "m", predicates)
+        graded = domain.grade(task.payload, f"```python\n{code}\n```").solved if task.validity.valid else None
+        outcomes.add((task.validity.reason, json.dumps(task.payload and task.payload.get("outputs")), graded))
+    assert len(outcomes) == 1, outcomes
+    reason, _, graded = outcomes.pop()
+    assert graded is True or reason.startswith("azr_execution: nondeterministic"), (reason, graded)
+
+
 def test_each_call_starts_afresh(domain):
     """Each call runs in a process of its own, and the inputs file is gone before f runs: a call sees
     neither the calls before it nor the inputs to come."""

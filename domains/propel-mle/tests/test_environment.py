@@ -310,3 +310,29 @@ def test_verdicts_are_the_same_graded_in_many_threads(mle):
         (DIABETES, f"```python\n{solution(DIABETES)}\n```")
     ]
     assert_same_verdicts_concurrently(mle, attempts, threads=4, rounds=1)
+
+
+OVERFLOW = """
+import pandas as pd
+test = pd.read_csv("test.csv")
+pd.DataFrame({"id": test["id"], "target": 1e200}).to_csv("submission.csv", index=False)
+"""
+
+
+def test_an_overflowing_metric_is_not_solved_and_its_verdict_is_still_a_record(mle, tmp_path):
+    """Predictions near 1e200 are valid numbers whose rmse overflows: the attempt is rightly not
+    solved, and its verdict stays writable (the non-finite values become None, with the reason), so
+    solve-train's rollout log and the label stage keep it."""
+    from propel_core.records import JsonlWriter, SolverAttempt, iter_jsonl
+
+    verdict = grade(mle, DIABETES, OVERFLOW)
+    assert verdict.solved is False and verdict.diagnostics["metric_value"] is None
+    assert "non-finite" in verdict.diagnostics["unrecordable"]["metric_value"]
+    task = Task(
+        id="t", domain="mle", context_id="", generation="", payload=DIABETES, generator="", validity=Validity.ok()
+    )
+    attempt = grade_attempt(mle, task, f"```python\n{OVERFLOW}\n```")
+    assert attempt.solved is False
+    with JsonlWriter(tmp_path / "attempts.jsonl") as out:
+        assert out.write(attempt) and out.write(attempt.diagnostics | {"step": 0})
+    assert next(iter_jsonl(tmp_path / "attempts.jsonl", SolverAttempt)) == attempt
