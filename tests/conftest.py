@@ -1,7 +1,7 @@
 """Shared fixtures: the example third-party plugin, installed for real, and the embedded model; and how
 the whole suite (tests/ and domains/) shares a machine when pytest-xdist runs it in several workers
-(``make test``: ``-n 2 --dist loadfile``, so a test module runs whole on one worker and builds its
-module fixtures once).
+(``make test``: ``-n 2 --dist loadfile --no-loadscope-reorder``, so a test module runs whole on one
+worker and builds its module fixtures once, and the longest modules start first).
 """
 
 from __future__ import annotations
@@ -12,6 +12,28 @@ import sys
 from pathlib import Path
 
 import pytest
+
+#: the modules that take minutes (measured on a fresh-clone ``make test``, longest first): collected
+#: first, and with ``--no-loadscope-reorder`` (``make test``) xdist hands them out first, so no worker
+#: is left idle at the end while another still runs one of them
+LONGEST_FIRST = (
+    "tests/test_vllm_backend.py",
+    "tests/test_train.py",
+    "tests/test_label.py",
+    "domains/propel-mle/tests/test_tasks.py",
+    "tests/test_example_plugin.py",
+    "domains/propel-mle/tests/test_solve_mle.py",
+    "tests/test_execution.py",
+    "tests/test_audit.py",
+    "tests/test_habits.py",
+    "domains/propel-swe/tests/test_real_repos.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    root = config.rootpath
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
 
 
 def pytest_configure(config):
