@@ -9,7 +9,7 @@
    generated tokens per second, from the median.
 2. engine start-up: building the vllm backend (a fresh engine: eager, float32, 2 GiB KV cache) vs
    loading the transformers backend.
-3. (``--grpo``) one GRPO step of the train stage with and without vLLM rollouts (TRL's colocate mode,
+3. (``--parts grpo``) one GRPO step of the train stage with and without vLLM rollouts (TRL's colocate mode,
    the weights synced each step): TRL's step time, the first step left out, over ``--steps`` steps on
    a planted countdown probe. Two trainings, one after the other (each starts its own engine or
    model), so these are not interleaved: the steps within each are the repeats.
@@ -17,7 +17,7 @@
 Arms 1 and 2 are interleaved (timing.compare), arm 1 after a warm-up round; min and median, ratios
 from one run.
 
-    python benchmarks/vllm_label.py [--repeats 3] [--grpo] [--steps 4]
+    python benchmarks/vllm_label.py [--repeats 3] [--parts label,start-up,grpo] [--steps 4]
 """
 
 import argparse
@@ -163,7 +163,13 @@ def grpo(tmp: Path, steps: int) -> None:
     probe(Run(validate_config(base, registry), registry, quiet=True))
     step_times = {}
     for use_vllm in (False, True):
-        settings = {"steps": steps, "group_size": 8, "per_device_batch": 16, "max_completion_length": 48}
+        settings = {
+            "steps": steps,
+            "group_size": 8,
+            "per_device_batch": 16,
+            "gradient_accumulation": 1,  # one generation batch of 16 completions per optimizer step
+            "max_completion_length": 64,
+        }
         data = base | {"train": settings | {"use_vllm": use_vllm}, "checkpoint": {"every": 1000, "resume": False}}
         started = time.perf_counter()
         train(Run(validate_config(data, registry), registry, quiet=True))
@@ -174,23 +180,31 @@ def grpo(tmp: Path, steps: int) -> None:
         step_times[name] = times
         print(f"  {name}: whole training {whole:.1f} s, steps after the first: {[round(t, 2) for t in times]}")
     report(
-        f"3. GRPO step (16 completions of 48 tokens, 2 prompts x 8), steps 2..{steps}",
+        f"3. GRPO step (16 completions of up to 64 tokens, 2 prompts x 8), steps 2..{steps}",
         step_times,
         baseline="with transformers generation",
     )
+
+
+PARTS = ("label", "start-up", "grpo")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=16)
-    parser.add_argument("--grpo", action="store_true", help="also time GRPO steps with and without vLLM rollouts")
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--parts", default="label,start-up", help=f"which parts to run, of {','.join(PARTS)}")
+    parser.add_argument("--steps", type=int, default=4, help="GRPO steps per training")
     args = parser.parse_args()
+    parts = args.parts.split(",")
+    if unknown := set(parts) - set(PARTS):
+        parser.error(f"unknown part {sorted(unknown)[0]!r}; choose from {', '.join(PARTS)}")
     with tempfile.TemporaryDirectory() as tmp:
-        label_arms(Path(tmp), args.tasks, args.repeats)
-        start_up(2)
-        if args.grpo:
+        if "label" in parts:
+            label_arms(Path(tmp), args.tasks, args.repeats)
+        if "start-up" in parts:
+            start_up(2)
+        if "grpo" in parts:
             grpo(Path(tmp), args.steps)
 
 

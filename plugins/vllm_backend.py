@@ -181,10 +181,14 @@ class VLLMBackend:
         arguments = engine_arguments(
             model, cpu, max_model_len, enforce_eager, kv_cache_gb, gpu_memory_utilization, engine or {}
         )
+        before = set(_engine_processes())
         try:
             self.llm = vllm.LLM(**arguments)
         except (ValueError, RuntimeError) as exc:  # vLLM's own refusal (memory, lengths, a model it lacks)
             raise PropelError(f"vLLM could not start {arguments['model']}: {_reason(exc)}") from exc
+        # the engine's processes (none where vLLM runs it in this one): watched while a call waits on them
+        self.engine_processes = [process for process in _engine_processes() if process not in before]
+        self.dead: str | None = None
         self.lock = threading.Lock()  # one call at a time: vllm.LLM is not made for callers in several threads
         self.lora = None
         if model.adapter:
@@ -199,9 +203,41 @@ class VLLMBackend:
     def generate(
         self, prompts: list[Prompt], sampling: Sampling, n: int = 1, seed: int | list[int] | None = None
     ) -> list[list[str]]:
-        """One request per prompt, each with its own seed (``seed[i]``, or ``seed`` for all)."""
+        """One request per prompt, each with its own seed (``seed[i]``, or ``seed`` for all). An engine
+        that fails (its process died, say) is one line: the stage stops, keeping what it finished."""
         with self.lock:
-            return self._generate(prompts, sampling, n, seed)
+            if self.dead is None:
+                try:
+                    return self._watched(lambda: self._generate(prompts, sampling, n, seed))
+                except Exception as exc:
+                    self.dead = _reason(exc)
+            raise PropelError(
+                f"vLLM stopped generating ({self.dead}); finished records are kept: rerun the command to go on"
+            )
+
+    def _watched(self, call):
+        """``call()``, in a thread of its own while this one watches the engine's processes: vLLM's
+        client waits for ever on an engine process that was killed (by the OOM killer, say)."""
+        if not self.engine_processes:
+            return call()
+        done: dict[str, Any] = {}
+
+        def run():
+            try:
+                done["value"] = call()
+            except BaseException as exc:  # handed to the caller
+                done["error"] = exc
+
+        thread = threading.Thread(target=run, name="vllm-call", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(ENGINE_WATCH_SECONDS)
+            gone = [p for p in self.engine_processes if not _running(p)]
+            if gone and thread.is_alive():
+                raise RuntimeError(f"its engine process {gone[0].pid} ended mid-call")
+        if "error" in done:
+            raise done["error"]
+        return done["value"]
 
     def _generate(self, prompts: list[Prompt], sampling: Sampling, n: int, seed: int | list[int] | None):
         from vllm import SamplingParams
@@ -247,6 +283,39 @@ class VLLMBackend:
             "the vllm backend returns text, not per-layer hidden states: give the reference model the "
             "transformers backend"
         )
+
+
+#: how often a call waiting on the engine looks whether the engine's processes still run
+ENGINE_WATCH_SECONDS = 0.5
+
+
+def _engine_processes() -> list:
+    """vLLM's engine processes below this one (vLLM names them ``VLLM::EngineCore``, ``VLLM::Worker``)."""
+    import psutil
+
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        if _name(process).startswith("VLLM"):
+            found.append(process)
+    return found
+
+
+def _name(process) -> str:
+    import psutil
+
+    try:
+        return process.name()
+    except psutil.Error:
+        return "gone"
+
+
+def _running(process) -> bool:
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _reason(exc: BaseException) -> str:

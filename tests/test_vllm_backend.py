@@ -7,6 +7,7 @@ import json
 import shutil
 import statistics
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -152,7 +153,7 @@ def adapter(tmp_path_factory):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(embedded_model_path(), dtype=torch.float32)
     config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    folder = tmp_path_factory.mktemp("adapter")
+    folder = tmp_path_factory.mktemp("trained") / "train" / "adapter"  # where a run keeps its trained adapter
     get_peft_model(model, config).save_pretrained(folder)
     return str(folder)
 
@@ -162,7 +163,7 @@ def test_a_trained_adapter_is_served(engine, adapter, registry):
     """Greedy text through vLLM's LoRA equals the transformers backend's with the same adapter, and
     differs from the base model's."""
     greedy = Sampling(temperature=0.0, max_new_tokens=12)
-    served = Registry.build().backend(ModelConfig(backend="vllm", adapter=adapter, options=SMALL))
+    served = registry.backend(ModelConfig(backend="vllm", adapter=adapter, options=SMALL))
     assert served.model_id.endswith(f"+{adapter}")
     ours = served.generate(PROMPTS, greedy)
     theirs = registry.backend(ModelConfig(adapter=adapter)).generate(PROMPTS, greedy)
@@ -193,6 +194,26 @@ def in_process(config, registry):
     from propel_core.run import Run
 
     return Run(validate_config(config, registry), registry, quiet=True)
+
+
+@needs_vllm
+def test_evaluate_compares_base_and_trained_through_vllm(adapter, registry, engine):
+    """The evaluate stage with vLLM as the generator of both arms (the base model, and the model with
+    the run's trained LoRA adapter) and as the solver: each arm's tasks carry its generator's name,
+    each label its k attempts, and the metrics compare the two arms."""
+    from propel_core.stages.evaluate import evaluate
+
+    run_dir = Path(adapter).parent.parent
+    config = run_config(run_dir, "vllm") | {"evaluate": {"num_tasks": 8, "k": 4}}
+    evaluate(in_process(config, registry))  # both generators and the solver are the module's engines
+    metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
+    assert set(metrics) == {"base", "trained"} and "vs_base" in metrics["trained"]
+    for arm, generator in (("base", "SmolLM2-135M-Instruct"), ("trained", f"SmolLM2-135M-Instruct+{adapter}")):
+        tasks = list(iter_jsonl(run_dir / "eval" / arm / "tasks.jsonl", Task))
+        assert len(tasks) == 8 and {task.generator for task in tasks} == {generator}
+        labels = list(iter_jsonl(run_dir / "eval" / arm / "labels.jsonl", Label))
+        assert {x.task_id for x in labels} == {task.id for task in tasks if task.validity.valid}
+        assert all(len(x.attempts) == 4 for x in labels)
 
 
 def tasks_in(folder, tasks_file):
@@ -237,20 +258,56 @@ def offline_labels(tmp_path_factory, arithmetic_tasks, registry):
     return labeled_by(folder, run_config(folder, "vllm")["solver"], registry)
 
 
+def finished_lines(folder) -> int:
+    """Attempts journaled plus labels written so far in ``folder``."""
+    files = [folder / "labels.attempts.jsonl", folder / "labels.jsonl"]
+    return sum(path.read_bytes().count(b"\n") for path in files if path.exists())
+
+
 @needs_vllm
-def test_label_from_the_command_line(tmp_path, propel_cli, arithmetic_tasks, offline_labels):
-    """``propel label CONFIG solver.backend=vllm`` on tasks the generator wrote through vLLM: the
-    command builds its own engine and gives the attempts the in-process engine gave, seed for seed."""
+def test_label_from_the_command_line_keeps_its_work_when_the_engine_dies(
+    tmp_path, propel_cli, arithmetic_tasks, offline_labels
+):
+    """``propel label CONFIG solver.backend=vllm`` on tasks the generator wrote through vLLM. Its
+    engine process is killed mid-stage: the command ends with one line and keeps every attempt it
+    finished; run again, it finishes the rest, and the labels are the attempts the in-process engine
+    gave, seed for seed."""
+    import subprocess
+    import time
+
+    import psutil
+
     tasks = list(iter_jsonl(arithmetic_tasks, Task))
     valid = [task for task in tasks if task.validity.valid]
     assert len(tasks) == 16 and len(valid) >= 8
     assert {task.generator for task in tasks} == {"SmolLM2-135M-Instruct"}
     folder = tasks_in(tmp_path / "run", arithmetic_tasks)
     run_config(folder, "vllm")
-    out = propel_cli("-q", "label", str(folder / "run.yaml"), "solver.backend=vllm").stdout
+    command = ["-q", "label", str(folder / "run.yaml"), "solver.backend=vllm", "executor.workers=2"]
+    process = subprocess.Popen(
+        [str(Path(sys.executable).with_name("propel")), *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 300
+    while process.poll() is None and time.monotonic() < deadline and finished_lines(folder) < 8:
+        time.sleep(0.05)
+    engines = [p for p in psutil.Process(process.pid).children(recursive=True) if "EngineCore" in p.name()]
+    assert engines and process.poll() is None, "the command ended before its engine could be killed"
+    for engine_process in engines:
+        engine_process.kill()
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1, stderr.decode()[-3000:]
+    errors = [line for line in stderr.decode().splitlines() if line.startswith("Error: ")]  # after vLLM's own log
+    assert len(errors) == 1 and errors[0].startswith("Error: vLLM stopped generating ("), errors
+    kept = {path.name: path.read_bytes() for path in folder.glob("labels*.jsonl")}
+    assert sum(text.count(b"\n") for text in kept.values()) >= 8
+
+    out = propel_cli(*command).stdout
     assert out.startswith(f"labeled {len(valid)}:")
     ours = {x.task_id: x for x in iter_jsonl(folder / "labels.jsonl", Label)}
     assert ours.keys() == {task.id for task in valid}
+    for line in kept.get("labels.jsonl", b"").splitlines():  # labels finished before the kill are kept as they were
+        before = Label.model_validate(json.loads(line))
+        assert ours[before.task_id] == before
     assert same_attempts(ours, offline_labels) >= len(ours) - 1
 
 
