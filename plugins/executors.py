@@ -258,8 +258,9 @@ class RayExecutor:
         num_cpus: float = 1,
         max_retries: int = 3,
     ):
-        address = address or os.environ.get("RAY_ADDRESS")
-        if address is None:  # read when Ray is imported: a local instance then lives on loopback
+        address = address or os.environ.get("RAY_ADDRESS") or "local"  # "local": a new instance here
+        local = address == "local"  # never one a `ray start` left running (address: auto joins that)
+        if local:  # read when Ray is imported: a local instance then lives on loopback
             os.environ[LOCAL_ONLY] = "0"
         try:
             import ray
@@ -267,12 +268,10 @@ class RayExecutor:
             raise PropelError("the ray executor needs Ray: pip install 'propel-core[ray]'") from None
         self.ray, self.workers, self.in_flight = ray, workers, 0
         if not ray.is_initialized():
-            if address is None:
+            if local:
                 _check_local_ray(ray)
-            # "local": a new instance, never one a `ray start` left on this machine (give address: auto)
-            where = address or "local"
-            ray.init(address=where, include_dashboard=False, ignore_reinit_error=True, logging_level="warning")
-            if address is None and not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
+            ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, logging_level="warning")
+            if local and not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
                 ray.shutdown()  # Ray was imported before LOCAL_ONLY was set
                 raise PropelError(
                     f"a local Ray would listen on {ray.util.get_node_ip_address()}, beyond loopback: set "

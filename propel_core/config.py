@@ -441,6 +441,7 @@ def load_config(
 
     ``registry`` defaults to one built from the installed plugins.
     """
+    import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -457,33 +458,69 @@ def load_config(
                 raise ConfigError(f"override {readable(override)} is not valid UTF-8 (a file name's bytes?)")
         layers.append(OmegaConf.from_dotlist(list(overrides)))
         data = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"cannot read config: {exc}") from None
+    except (OmegaConfBaseException, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config: {' '.join(readable(str(exc)).split())}") from None
     return validate_config(data or {}, registry)
 
 
-#: a URL with a credential in it: a user (and password) before the host, or a query parameter named
-#: like a secret (api_key=, token=, ...)
-URL_USER = re.compile(r"^[a-z][a-z0-9+.-]*://[^/?#@\s]*@", re.IGNORECASE)
-URL_SECRET = re.compile(r"[?&][^=&#]*(?:key|token|secret|password|passwd|credential|signature)[^=&#]*=", re.IGNORECASE)
+#: a URL anywhere in a string (a leading space, a command around it), and a scheme-less ``//host``
+URL = re.compile(r"(?:\b[a-z][a-z0-9+.-]*:)?//(?P<authority>[^/?#\s]*)(?P<rest>[^\s]*)", re.IGNORECASE)
+#: ``user:password@host`` with no scheme at all
+BARE_USERINFO = re.compile(r"(?<![\w/@:.-])[\w.%+-]+:[^\s@/]+@(?:[\w-]+(?:\.[\w-]+)+|[\w-]+:\d+)")
+#: schemes whose user before the host names an account, not a secret (``ssh://git@host``)
+PLAIN_USER_SCHEMES = {"ssh", "git", "git+ssh", "sftp", "scp", "mailto", "docker"}
+#: a query or fragment parameter is a secret when its name (lowercase, letters and digits only) is one
+#: of these, holds one of the longer ones, or ends in ``token`` (``access_token``, not ``max_tokens``)
+SECRET_NAMES = frozenset(
+    {"key", "code", "session", "auth", "pass", "pw", "pwd", "sig", "sas", "token", "jwt", "hmac", "bearer"}
+)
+SECRET_PARTS = ("secret", "password", "passwd", "apikey", "accesskey", "privatekey", "credential", "signature", "hmac")
+
+
+def _secret_parameter(name: str) -> bool:
+    compact = re.sub(r"[^a-z0-9]", "", name.lower())
+    return compact in SECRET_NAMES or compact.endswith("token") or any(part in compact for part in SECRET_PARTS)
+
+
+def _has_credential(text: str) -> bool:
+    """Whether a URL in ``text`` carries a credential: a password before the host, a user before it
+    (but for ``ssh://git@host`` and the like), or a query or fragment parameter named as a secret."""
+    from urllib.parse import unquote
+
+    if BARE_USERINFO.search(text):
+        return True
+    for match in URL.finditer(text):
+        authority, rest = match.group("authority"), match.group("rest")
+        scheme = match.group(0).split("//", 1)[0].rstrip(":").lower()
+        if "@" in authority:
+            userinfo = unquote(authority.rsplit("@", 1)[0])
+            if ":" in userinfo or (scheme and scheme not in PLAIN_USER_SCHEMES):
+                return True
+        for part in re.split(r"[?#&;]", unquote(rest))[1:]:
+            if "=" in part and _secret_parameter(part.split("=", 1)[0]):
+                return True
+    return False
 
 
 def url_credentials(data: Any) -> list[str]:
-    """Where ``data`` (a config as read, at any depth) holds a URL with a credential: each a line
-    naming the key, never the secret. Configs are copied into the run folder, its report and the
-    console, so secrets stay out of them and are named by reference (``api_key_env``)."""
+    """Where ``data`` (a config as read, at any depth, keys too) holds a URL with a credential: each
+    a line naming the key, never the secret. Configs are copied into the run folder, its report and
+    the console, so secrets stay out of them and are named by reference (``api_key_env``). A
+    heuristic: a secret written into a URL's path (a webhook's) cannot be told from a path."""
     found = []
     pending = [(data, "")]
     while pending:
         value, path = pending.pop()
         if isinstance(value, dict):
-            pending += [(item, f"{path}.{key}".lstrip(".")) for key, item in value.items()]
-        elif isinstance(value, list):
+            for key, item in value.items():
+                pending += [(item, f"{path}.{key}".lstrip(".")), (key, f"{path}.{key} (the key)".lstrip("."))]
+        elif isinstance(value, list | tuple):
             pending += [(item, f"{path}[{i}]") for i, item in enumerate(value)]
-        elif isinstance(value, str) and "://" in value and (URL_USER.match(value) or URL_SECRET.search(value)):
+        elif isinstance(value, str) and _has_credential(value):
             found.append(
-                f"{path} holds a URL with a credential in it (user:password@ or a secret query parameter): "
-                "keep secrets out of configs, in an environment variable named by api_key_env"
+                f"{readable(path)} holds a URL with a credential in it (a user or password before the host, or "
+                "a secret query parameter): keep secrets out of configs, in an environment variable named by "
+                "api_key_env"
             )
     return sorted(found)
 

@@ -46,15 +46,25 @@ class Verdict:
     )
 
     def __post_init__(self) -> None:
-        self.diagnostics = recordable(self.diagnostics)
-        if type(self.reason) is str and check_value(self.reason) is not None:  # a surrogate pair held as two
+        if self.solved is not None and type(self.solved) is not bool:
+            if getattr(getattr(self.solved, "dtype", None), "kind", None) != "b":  # numpy's bool is a bool
+                kind = type(self.solved).__name__
+                raise TypeError(f"a verdict is solved True, False or None, not a value of type {kind}")
+            self.solved = bool(self.solved)
+        if self.reason is not None and type(self.reason) is not str:
+            reason = self.reason
+            self.reason = str.__str__(reason) if isinstance(reason, str) else f"({type(reason).__name__} as reason)"
+        if self.reason is not None and check_value(self.reason) is not None:  # a surrogate pair held as two
             self.reason = self.reason.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
+        self.diagnostics = recordable(self.diagnostics)
 
 
 def recordable(diagnostics: Any) -> dict[str, Any]:
     """``diagnostics`` as a record can hold them, so that a verdict is always writable: each value
     ``check_value`` refuses (a non-finite metric, a value too deep or too large, a type JSON lacks)
     becomes None, and ``unrecordable`` says why, by key. The verdict itself stands."""
+    if isinstance(diagnostics, dict) and type(diagnostics) is not dict:  # an OrderedDict, a Counter
+        diagnostics = dict(diagnostics.items())
     if type(diagnostics) is dict and check_value(diagnostics, "diagnostics") is None:
         return diagnostics
     if type(diagnostics) is not dict:
@@ -224,9 +234,12 @@ def grade_attempt(domain: Domain, task: Task, text: str) -> SolverAttempt:
     tells the user: ``execution.note_ungradable``, once per kind of error, not per attempt)."""
     try:
         verdict = domain.grade(task.payload, text)
-        verdict.diagnostics = recordable(verdict.diagnostics)  # again: a grader may change them after
+        # a Verdict made anew, with its checks: a grader may change one after making it, subclass it
+        # or return an object that only looks like one
+        verdict = Verdict(verdict.solved, verdict.reason, verdict.diagnostics)
+        return SolverAttempt(text=text, solved=verdict.solved, reason=verdict.reason, diagnostics=verdict.diagnostics)
     except Unavailable:
         raise
     except Exception as exc:
-        verdict = Verdict(None, f"grader failed: {type(exc).__name__}: {str(exc)[:300]}")
-    return SolverAttempt(text=text, solved=verdict.solved, reason=verdict.reason, diagnostics=verdict.diagnostics)
+        reason = f"grader failed: {type(exc).__name__}: {str(exc)[:300]}"
+        return SolverAttempt(text=text, solved=None, reason=Verdict(None, reason).reason)

@@ -73,6 +73,8 @@ def check_value(value: Any, where: str = "$") -> str | None:
             if kind is dict:
                 if bad := [key for key in item if type(key) is not str]:
                     return f"a key of type {type(bad[0]).__name__} at {path}"
+                if any(SPLIT_PAIR.search(key) for key in item):
+                    return f"a surrogate pair written as two code points in a key at {path}"
                 pending += [(child, f"{path}.{key}"[:200], depth + 1) for key, child in item.items()]
                 size += sum(len(key) + 4 for key in item)
             else:
@@ -299,7 +301,7 @@ class JsonlWriter:
         try:
             data = record.model_dump() if isinstance(record, BaseModel) else record
             line = memoryview(to_json(data).encode() + b"\n")
-        except (ValueError, TypeError, RecursionError) as exc:
+        except Exception as exc:  # whatever an entry's values do when read, it costs that entry alone
             log.warning("%s: a %s entry was not written: %s", self.path.name, type(record).__name__, exc)
             return False
         try:

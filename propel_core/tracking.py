@@ -36,6 +36,8 @@ class Tracker:
             if importlib.util.find_spec(tracker) is None:
                 raise _missing(tracker)
         self.run_dir, self.name = Path(run_dir), Path(run_dir).name
+        if "tensorboard" in self.trackers and readable(str(self.run_dir)) != str(self.run_dir):
+            raise PropelError(f"tensorboard cannot write to {readable(str(self.run_dir))}: its name is not valid UTF-8")
         self._writers: dict[str, Any] = {}
         self._runs: dict[str, Any] = {}
 
@@ -49,7 +51,7 @@ class Tracker:
     def log(self, stage: str, metrics: Mapping[str, Any], step: int = 0) -> None:
         """Every finite number of ``metrics`` as ``STAGE/key``."""
         numbers = {
-            f"{stage}/{key}": float(value)
+            readable(f"{stage}/{key}"): float(value)
             for key, value in metrics.items()
             if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
         }
@@ -68,18 +70,18 @@ class Tracker:
         """A table (the probe sweep): a Markdown text in tensorboard, a table in wandb and trackio."""
         if not rows:
             return
-        columns = list(rows[0])
+        columns, name = list(rows[0]), readable(f"{stage}/{name}")
         for tracker in self.trackers:
             if tracker == "tensorboard":
-                lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+                lines = ["| " + " | ".join(readable(columns)) + " |", "|---" * len(columns) + "|"]
                 lines += ["| " + " | ".join(_cell(row[c]) for c in columns) + " |" for row in rows]
                 writer = self._writer(stage)
-                writer.add_text(f"{stage}/{name}", "\n".join(lines), 0)
+                writer.add_text(name, "\n".join(lines), 0)
                 writer.flush()
             else:
                 data = [[readable(row[c]) for c in columns] for row in rows]
                 table = __import__(tracker).Table(columns=readable(columns), data=data)
-                self._run(tracker).log({f"{stage}/{name}": table})
+                self._run(tracker).log({name: table})
 
     def _writer(self, stage: str):
         if stage not in self._writers:

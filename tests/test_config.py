@@ -260,6 +260,15 @@ def test_only_a_scalar_is_put_back_as_read_and_a_plugins_mistakes_are_lines(prop
         ("train.vllm_server_base_url", "http://127.0.0.1:8000/v1?api_key=s3cret"),
         ("solver.options.proxy", "http://host/v1?x=1&Access-Token=s3cret"),
         ("executor.options.address", "ray://admin:s3cret@head:10001"),
+        ("solver.base_url", "https://acct.blob.core.windows.net/c?sv=2020-08-04&sig=s3cret"),
+        ("solver.base_url", "https://host/v1#access_token=s3cret"),
+        ("solver.base_url", "https://host/v1?a=1;to%6Ben=s3cret"),
+        ("solver.base_url", "https://host/v1?apiKey=s3cret"),
+        ("solver.options.command", "curl https://user:s3cret@host/v1"),
+        ("solver.options.remote", "git+https://s3cret@github.com/org/repo"),
+        ("solver.options.proxy", "user:s3cret@proxy.example.com:8080"),
+        ("solver.base_url", "https://host/v1?apitoken=s3cret"),
+        ("solver.base_url", "https://host/v1?clientSecret=s3cret"),
     ],
 )
 def test_a_url_with_a_credential_is_refused_and_never_repeated(key, url, tmp_path, propel_cli):
@@ -273,6 +282,23 @@ def test_a_url_with_a_credential_is_refused_and_never_repeated(key, url, tmp_pat
     assert not [path for path in tmp_path.rglob("*") if path.is_file() and b"s3cret" in path.read_bytes()]
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://host/v1?monkey=1&keyword=cats&tokenizer=gpt2&max_tokens=64",
+        "https://host/v1?language_code=en&token_count=5&cache_key=a&sort_key=b&session_len=30",
+        "Contact //support@example.com please",
+        "ssh://git@github.com/org/repo.git",
+        "https://host/run/@cf/meta?email=a@b.c",
+        "HEAD:6379",
+    ],
+)
+def test_ordinary_urls_are_not_taken_for_credentials(url):
+    from propel_core.config import url_credentials
+
+    assert url_credentials({"solver": {"base_url": url}}) == []
+
+
 def test_urls_without_credentials_are_kept(propel_registry):
     config = validate_config(
         {
@@ -283,3 +309,19 @@ def test_urls_without_credentials_are_kept(propel_registry):
         propel_registry,
     )
     assert config.solver.base_url.endswith("api-version=2024-06-01")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'run_dir: "/x/run-\\udcff"\ndomain: {name: countdown}\n',  # an escape YAML refuses
+        b"domain: {name: countdown\nlabel: [\n",  # unclosed
+        b"# caf\xe9\ndomain: {name: countdown}\n",  # Latin-1, not UTF-8
+    ],
+)
+def test_a_config_no_parser_reads_is_one_line(text, tmp_path, propel_cli):
+    config = tmp_path / "run.yaml"
+    config.write_bytes(text)
+    refused = propel_cli("label", str(config), check=False)
+    assert refused.returncode == 1 and refused.stderr.startswith("Error: cannot read config:"), refused.stderr
+    assert refused.stderr.count("\n") == 1

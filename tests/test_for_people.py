@@ -91,3 +91,20 @@ def test_an_override_that_is_not_utf8_is_one_line(tmp_path, propel_cli):
     refused = propel_cli("report", str(config), f"run_dir={run_dir}", check=False)
     assert refused.returncode != 0 and refused.stderr.count("\n") == 1, refused.stderr
     assert "run-\\udcff is not valid UTF-8" in refused.stderr
+
+
+def test_tracker_text_takes_any_string(tmp_path):
+    """Metric names and table columns a run makes from model text reach tensorboard escaped; a run
+    folder whose name is not UTF-8 is one line before tensorboard writes anything."""
+    import pytest
+
+    from propel_core.errors import PropelError
+    from propel_core.tracking import Tracker
+
+    tracker = Tracker(["tensorboard"], tmp_path)
+    tracker.log("evaluate", {f"arm{HOSTILE}/solve_rate": 0.5})
+    tracker.table("probe", f"sweep{HOSTILE}", [{f"col{HOSTILE}": HOSTILE, "x": 1.0}])
+    tracker.close()
+    assert list((tmp_path / "tensorboard").glob("*/events.out.tfevents.*"))
+    with pytest.raises(PropelError, match=r"tensorboard cannot write to .*run-\\udcff"):
+        Tracker(["tensorboard"], tmp_path / os.fsdecode(b"run-\xff"))

@@ -129,16 +129,18 @@ print(json.dumps({"answer": jobs, "listening": sorted(listening)}))
 """
 
 
-def test_a_local_ray_listens_on_loopback_only(tmp_path):
-    """The Ray instance the executor starts when no address is given: every server of it (GCS, raylet,
-    object manager, workers) listens on loopback, not on the machine's other interfaces; one started
-    with token authentication turned off is refused."""
+@pytest.mark.parametrize("address", [None, "local"])
+def test_a_local_ray_listens_on_loopback_only(address):
+    """The Ray instance the executor starts when no address is given (or ``local``): every server of
+    it (GCS, raylet, object manager, workers) listens on loopback, not on the machine's other
+    interfaces; one started with token authentication turned off is refused."""
     import ipaddress
     import os
     import subprocess
     import sys
 
     env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+    env |= {"RAY_ADDRESS": address} if address else {}
     done = subprocess.run([sys.executable, "-c", LOCAL_RAY], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.splitlines()[-1])

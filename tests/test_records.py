@@ -223,3 +223,57 @@ def test_a_surrogate_pair_held_as_two_code_points_is_refused_not_merged(tmp_path
         assert not out.write(SolverAttempt(text="\ud83d\ude00", solved=False))
         assert out.write(SolverAttempt(text="\ud83d \ude00", solved=False))
     assert [attempt.text for attempt in iter_jsonl(path, SolverAttempt)] == ["\ud83d \ude00"]
+
+
+class RaisingItems(dict):
+    def items(self):
+        raise KeyError("no")
+
+
+class Lax(Verdict):
+    """A verdict whose maker skipped the checks."""
+
+    def __post_init__(self):
+        pass
+
+
+def test_what_a_grader_returns_is_recorded_or_makes_the_attempt_ungradable(tmp_path):
+    """Hostile verdicts from a grader: a reason of another type, numpy's bool, a dict subclass as
+    diagnostics, a nested key holding a split surrogate pair; each attempt is writable, and a
+    verdict that is no verdict (solved 2) is ungradable, never an exception out of grading."""
+    import collections
+
+    numpy = pytest.importorskip("numpy")
+    task = Task(id="t", domain="replays", context_id="c", generation="", validity=Validity.ok(), generator="m")
+
+    class Returns(Replays):
+        def __init__(self, verdict):
+            self.verdict = verdict
+
+        def grade(self, payload, attempt):
+            return self.verdict()
+
+    cases = {
+        "numpy reason": lambda: Verdict(False, numpy.str_("bad output: \udcff")),
+        "exception as reason": lambda: Verdict(False, ValueError("x")),
+        "numpy bool": lambda: Verdict(numpy.bool_(True), None, {"markers": ["ran"]}),
+        "ordered diagnostics": lambda: Verdict(False, None, collections.OrderedDict(markers=["ran"])),
+        "pair in a nested key": lambda: Verdict(True, None, {"per_file": {"out_\ud83d\ude00.txt": 1}, "n": 1}),
+        "no verdict": lambda: Verdict(2, None),
+        "raising diagnostics": lambda: Verdict(True, None, RaisingItems(a=1)),
+        "checks skipped": lambda: Lax(True, None, {"x": float("inf")}),
+    }
+    attempts = {name: grade_attempt(Returns(verdict), task, "x") for name, verdict in cases.items()}
+    assert attempts["numpy reason"].reason == "bad output: \udcff" and attempts["numpy reason"].solved is False
+    assert attempts["exception as reason"].reason == "(ValueError as reason)"
+    assert attempts["numpy bool"].solved is True and attempts["numpy bool"].diagnostics == {"markers": ["ran"]}
+    assert attempts["ordered diagnostics"].diagnostics == {"markers": ["ran"]}
+    assert attempts["pair in a nested key"].diagnostics["per_file"] is None
+    assert attempts["pair in a nested key"].diagnostics["n"] == 1
+    assert attempts["no verdict"].solved is None and "not a value of type int" in attempts["no verdict"].reason
+    assert attempts["raising diagnostics"].solved is None and "KeyError" in attempts["raising diagnostics"].reason
+    assert attempts["checks skipped"].diagnostics["x"] is None
+    with JsonlWriter(tmp_path / "attempts.jsonl") as out:
+        assert all(out.write(attempt) for attempt in attempts.values())
+        assert not out.write({"step": 1, "entry": RaisingItems(a=1)})
+    assert len(list(iter_jsonl(tmp_path / "attempts.jsonl", SolverAttempt))) == len(cases)

@@ -450,7 +450,7 @@ def evaluation_section(root: Path) -> str:
     table_path = root / "eval" / "table.md"
     if not table_path.exists():
         return missing(root, "evaluate")
-    lines = [line for line in table_path.read_text().splitlines() if line.strip()]
+    lines = [line for line in table_path.read_text(errors="backslashreplace").splitlines() if line.strip()]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
     return rows_table(header, rows) + image(root / "eval" / "solve_counts.png", "solve-count histograms")

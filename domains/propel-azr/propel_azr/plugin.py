@@ -52,6 +52,7 @@ BANNED_ATTRIBUTES = frozenset(
 )  # fmt: skip
 FORMAT_METHODS = frozenset({"format", "format_map"})
 GRADER_HASH_SEED = 0  # the hash seed the grader runs every attempt with
+VALIDITY_TIME_SHARE = 0.5  # validity's run as graded gets this share of the grader's wall clock
 
 SECTION = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL) for name in ("code", "inputs", "message")}
 CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
@@ -183,6 +184,8 @@ class AZR(Domain):
             sections[name] = match.group(1).strip()
         if len(sections["code"]) > self.max_code_chars:
             raise ParseError(f"code longer than {self.max_code_chars} characters")
+        if "```" in sections["code"]:  # a solver could not hand the same f back in a code block
+            raise ParseError("the code holds a Markdown fence (```)")
         inputs = []
         for line in sections["inputs"].splitlines():
             if not line.strip():
@@ -249,10 +252,14 @@ class AZR(Domain):
         """The part of a task's inputs (or outputs) the grader checks: the ``hidden`` after the shown."""
         return items[self.shown : self.shown + self.hidden]
 
-    def execute(self, code: str, inputs: list[list], hash_seed: int = GRADER_HASH_SEED):
-        """Run ``code``'s f on ``inputs`` in the sandbox, each call in a process of its own."""
-        program = {"main.py": DRIVER, "candidate.py": code, "inputs.json": json.dumps(inputs)}
-        return self.sandbox.run_python(program, "main.py", hash_seed=hash_seed)
+    def execute(
+        self, code: str, inputs: list[list], hash_seed: int = GRADER_HASH_SEED, time_limit: float | None = None
+    ):
+        """Run ``code``'s f on ``inputs`` in the sandbox, each call in a process of its own. The code
+        runs as one canonical text (stripped, one final newline), so a task's own f and the same f
+        in a solver's code block are the same bytes, laid out the same way in memory."""
+        program = {"main.py": DRIVER, "candidate.py": code.strip() + "\n", "inputs.json": json.dumps(inputs)}
+        return self.sandbox.run_python(program, "main.py", hash_seed=hash_seed, time_limit=time_limit)
 
 
 def _outputs(result: Any, count: int) -> tuple[list[Any], str | None]:
@@ -424,7 +431,8 @@ def _walks_fields(template: str) -> bool:
 def check_execution(task: Task, domain: AZR) -> Validity:
     """Runs f the way the grader runs a solver's f (``AZR.execute``: the sandbox, each call in a
     process of its own, the grader's hash seed) on every input, then on every input under another
-    hash seed, then exactly as the grader will: the hidden inputs alone, under the grader's seed.
+    hash seed, then exactly as the grader will: the hidden inputs alone, under the grader's seed, in
+    half the grader's time (``VALIDITY_TIME_SHARE``).
 
     Valid when every run finishes, every output is plain data, the runs agree (so an output cannot
     depend on the hash seed, nor on anything that differs between validity and grading: how many
@@ -444,7 +452,10 @@ def check_execution(task: Task, domain: AZR) -> Validity:
     if not all(_same(a, b) for a, b in zip(*runs, strict=True)):
         return Validity.reject("nondeterministic: f gives other outputs under another hash seed")
     hidden = domain.hidden_part(inputs)
-    graded = domain.execute(task.payload["code"], hidden)
+    # as graded, in a share of the grader's time: a task that only just finishes cannot time out in grading
+    graded = domain.execute(
+        task.payload["code"], hidden, time_limit=domain.sandbox_options["time_limit"] * VALIDITY_TIME_SHARE
+    )
     outputs, problem = _outputs(graded.result, len(hidden)) if graded.ok else ([], graded.status)
     if problem or not all(_same(a, b) for a, b in zip(outputs, domain.hidden_part(runs[0]), strict=True)):
         return Validity.reject("nondeterministic: f on its hidden inputs alone, as graded, gives other outputs")

@@ -68,6 +68,8 @@ def test_parse_render_round_trip(domain):
         (generation("def f(x): return x", [[i] for i in range(10)]).replace("[9]", "[9, oops"), "not JSON"),
         (generation("def f(x): return x", [[i] for i in range(9)] + [5]), "an input line is not a JSON list"),
         (generation("def f(x): return x", [[i] for i in range(10)], ""), "the message must be 1-500 characters"),
+        # a grader reading the solver's code block would stop at these backticks: its own f could not pass
+        (generation("def f(x):\n    return '```' + str(x)", [[i] for i in range(10)]), "holds a Markdown fence"),
     ],
 )
 def test_parse_rejections(domain, text, reason):
@@ -290,6 +292,26 @@ def test_a_layout_dependent_task_is_always_invalid_or_always_consistent(domain, 
     assert len(outcomes) == 1, outcomes
     reason, _, graded = outcomes.pop()
     assert graded is True or reason.startswith("azr_execution: nondeterministic"), (reason, graded)
+
+
+def test_validity_and_grading_run_the_same_bytes(domain, predicates, monkeypatch):
+    """With address randomization off, a program's layout still follows its own text: a task's f is
+    run as one canonical text in validity and in grading, whatever the solver's code block adds
+    around it (a newline before the fence, blank lines)."""
+    code = "def f(x):\n    return x + (id(bytes(2000)) >> 4) % 2\n#" + "p" * 705
+    seen = []
+    run_python = domain.sandbox.run_python
+
+    def recording(files, main, **options):
+        seen.append(files["candidate.py"])
+        return run_python(files, main, **options)
+
+    monkeypatch.setattr(domain.sandbox, "run_python", recording)
+    task = make_task("t", domain, Context(id="c", data={}), generation(code, [[i] for i in range(10)]), "m", predicates)
+    for block in (f"```python\n{code}\n```", f"```python\n\n{code}\n\n\n```"):
+        verdict = domain.grade(task.payload, block)
+        assert not task.validity.valid or verdict.solved is True, (task.validity, verdict)
+    assert len(seen) == 5 and len(set(seen)) == 1
 
 
 def test_each_call_starts_afresh(domain):
