@@ -39,7 +39,15 @@ def registry():
 
 @pytest.fixture(scope="module")
 def engine(registry):
-    return registry.backend(ModelConfig(backend="vllm", options=SMALL))
+    backend = registry.backend(ModelConfig(backend="vllm", options=SMALL))
+    yield backend
+    shut_down(backend)
+
+
+def shut_down(backend):
+    """Stop a module engine's processes when the module ends: left to the end of the test session,
+    each idles on about a tenth of a core and holds 2 GB."""
+    backend.llm.llm_engine.engine_core.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -158,12 +166,19 @@ def adapter(tmp_path_factory):
     return str(folder)
 
 
+@pytest.fixture(scope="module")
+def adapter_engine(registry, adapter):
+    backend = registry.backend(ModelConfig(backend="vllm", adapter=adapter, options=SMALL))
+    yield backend
+    shut_down(backend)
+
+
 @needs_vllm
-def test_a_trained_adapter_is_served(engine, adapter, registry):
+def test_a_trained_adapter_is_served(engine, adapter, adapter_engine, registry):
     """Greedy text through vLLM's LoRA equals the transformers backend's with the same adapter, and
     differs from the base model's."""
     greedy = Sampling(temperature=0.0, max_new_tokens=12)
-    served = registry.backend(ModelConfig(backend="vllm", adapter=adapter, options=SMALL))
+    served = adapter_engine
     assert served.model_id.endswith(f"+{adapter}")
     ours = served.generate(PROMPTS, greedy)
     theirs = registry.backend(ModelConfig(adapter=adapter)).generate(PROMPTS, greedy)
@@ -197,7 +212,7 @@ def in_process(config, registry):
 
 
 @needs_vllm
-def test_evaluate_compares_base_and_trained_through_vllm(adapter, registry, engine):
+def test_evaluate_compares_base_and_trained_through_vllm(adapter, adapter_engine, registry, engine):
     """The evaluate stage with vLLM as the generator of both arms (the base model, and the model with
     the run's trained LoRA adapter) and as the solver: each arm's tasks carry its generator's name,
     each label its k attempts, and the metrics compare the two arms."""
