@@ -206,13 +206,17 @@ class VLLMBackend:
         """One request per prompt, each with its own seed (``seed[i]``, or ``seed`` for all). An engine
         that fails (its process died, say) is one line: the stage stops, keeping what it finished."""
         with self.lock:
-            if self.dead is None:
+            reason = self.dead
+            if reason is None:
                 try:
                     return self._watched(lambda: self._generate(prompts, sampling, n, seed))
                 except Exception as exc:
-                    self.dead = _reason(exc)
+                    reason = _reason(exc)
+                    # a dead engine stays dead; a request vLLM refused (a prompt too long) leaves it serving
+                    if type(exc).__name__ == "EngineDeadError" or not all(map(_running, self.engine_processes)):
+                        self.dead = reason
             raise PropelError(
-                f"vLLM stopped generating ({self.dead}); finished records are kept: rerun the command to go on"
+                f"vLLM stopped generating ({reason}); finished records are kept: rerun the command to go on"
             )
 
     def _watched(self, call):

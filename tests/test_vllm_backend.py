@@ -79,6 +79,10 @@ def test_k_samples_per_request_seeded_per_prompt(engine):
     assert [len(group) for group in engine.generate(many, sampling, seed=list(range(32)))] == [1] * 32
     with pytest.raises(PropelError, match="not per-layer hidden states"):
         engine.hidden_states(["x"], [1], 8)
+    # a request vLLM refuses is one line, and the engine goes on serving
+    with pytest.raises(PropelError, match=r"^vLLM stopped generating \("):
+        engine.generate(["word " * 2000], sampling)
+    assert engine.generate(PROMPTS[:1], sampling, n=4, seed=[11]) == first[:1]
 
 
 @needs_vllm
