@@ -46,7 +46,7 @@ def engine(registry):
 
 def shut_down(backend):
     """Stop a module engine's processes when the module ends: left to the end of the test session,
-    each idles on about a tenth of a core and holds 2 GB."""
+    each idles on about a tenth of a core and holds 2 GB. (The last test kills the module's engine.)"""
     backend.llm.llm_engine.engine_core.shutdown()
 
 
@@ -284,53 +284,6 @@ def finished_lines(folder) -> int:
 
 
 @needs_vllm
-def test_label_from_the_command_line_keeps_its_work_when_the_engine_dies(
-    tmp_path, propel_cli, arithmetic_tasks, offline_labels
-):
-    """``propel label CONFIG solver.backend=vllm`` on tasks the generator wrote through vLLM. Its
-    engine process is killed mid-stage: the command ends with one line and keeps every attempt it
-    finished; run again, it finishes the rest, and the labels are the attempts the in-process engine
-    gave, seed for seed."""
-    import subprocess
-    import time
-
-    import psutil
-
-    tasks = list(iter_jsonl(arithmetic_tasks, Task))
-    valid = [task for task in tasks if task.validity.valid]
-    assert len(tasks) == 16 and len(valid) >= 8
-    assert {task.generator for task in tasks} == {"SmolLM2-135M-Instruct"}
-    folder = tasks_in(tmp_path / "run", arithmetic_tasks)
-    run_config(folder, "vllm")
-    command = ["-q", "label", str(folder / "run.yaml"), "solver.backend=vllm", "executor.workers=2"]
-    process = subprocess.Popen(
-        [str(Path(sys.executable).with_name("propel")), *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    deadline = time.monotonic() + 300
-    while process.poll() is None and time.monotonic() < deadline and finished_lines(folder) < 8:
-        time.sleep(0.05)
-    engines = [p for p in psutil.Process(process.pid).children(recursive=True) if "EngineCore" in p.name()]
-    assert engines and process.poll() is None, "the command ended before its engine could be killed"
-    for engine_process in engines:
-        engine_process.kill()
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 1, stderr.decode()[-3000:]
-    errors = [line for line in stderr.decode().splitlines() if line.startswith("Error: ")]  # after vLLM's own log
-    assert len(errors) == 1 and errors[0].startswith("Error: vLLM stopped generating ("), errors
-    kept = {path.name: path.read_bytes() for path in folder.glob("labels*.jsonl")}
-    assert sum(text.count(b"\n") for text in kept.values()) >= 8
-
-    out = propel_cli(*command).stdout
-    assert out.startswith(f"labeled {len(valid)}:")
-    ours = {x.task_id: x for x in iter_jsonl(folder / "labels.jsonl", Label)}
-    assert ours.keys() == {task.id for task in valid}
-    for line in kept.get("labels.jsonl", b"").splitlines():  # labels finished before the kill are kept as they were
-        before = Label.model_validate(json.loads(line))
-        assert ours[before.task_id] == before
-    assert same_attempts(ours, offline_labels) >= len(ours) - 1
-
-
-@needs_vllm
 def test_solve_rates_agree_with_the_transformers_backend(
     tmp_path, arithmetic_tasks, offline_labels, registry, reference
 ):
@@ -412,3 +365,76 @@ def test_label_on_a_two_node_ray_cluster_against_a_vllm_server(
     folder = tasks_in(tmp_path / "ray", arithmetic_tasks)
     ray = {"name": "ray", "workers": 8, "options": {"num_cpus": 1}}
     assert labeled_by(folder, solver_role(vllm_server), registry, executor=ray) == served_labels
+
+
+@needs_vllm
+def test_an_audit_labels_the_policys_tasks_with_the_vllm_solver(tmp_path, arithmetic_tasks, registry):
+    """The train stage's audit with vLLM as the solver: the step's sample is labeled in the
+    background as the label stage labels it, attempt for attempt, and the record says what the labels do."""
+    from propel_core.execution import label_tasks
+    from propel_core.stages.train import audit_of
+
+    config = run_config(tmp_path, "vllm") | {"train": {"audit": {"every": 1, "tasks": 6}}}
+    run = in_process(config, registry)
+    tasks = [task.model_copy(update={"id": f"rl-0-{i}"}) for i, task in enumerate(iter_jsonl(arithmetic_tasks, Task))]
+    audit = audit_of(run, tmp_path / "train", run.config.seed)
+    audit.start(0)
+    audit.offer(0, tasks, [0.5] * len(tasks))
+    audit.close()
+    (record,) = [json.loads(line) for line in (tmp_path / "train" / "audit.jsonl").read_text().splitlines()]
+    assert "error" not in record and record["tasks"] == 6, record
+    audited = list(iter_jsonl(tmp_path / "train" / "audit" / "tasks.jsonl", Task))
+    labels = {x.task_id: x for x in iter_jsonl(tmp_path / "train" / "audit" / "labels.jsonl", Label)}
+    valid = [task for task in audited if task.validity.valid]
+    assert labels.keys() == {task.id for task in valid} and record["trials"] == 8 * len(valid)
+    again = label_tasks(run, valid, tmp_path / "labels.jsonl", run.config.solver, run.config.label, run.config.seed)
+    assert same_attempts(labels, {x.task_id: x for x in again}) >= len(valid) - 1
+
+
+@needs_vllm
+def test_label_keeps_its_work_when_the_engine_dies_and_the_command_line_finishes_it(
+    tmp_path, propel_cli, arithmetic_tasks, offline_labels, registry, engine
+):
+    """The module's last use of its engine. The label stage runs on it, and its engine's processes are
+    killed mid-stage: the stage ends with one line and keeps every attempt it finished, and the dead
+    engine refuses later calls at once. ``propel label CONFIG solver.backend=vllm`` then finishes the
+    rest with an engine of its own, and the labels are the attempts the in-process engine gave, seed
+    for seed."""
+    import threading
+    import time
+
+    from propel_core.stages.label import label
+
+    tasks = list(iter_jsonl(arithmetic_tasks, Task))
+    valid = [task for task in tasks if task.validity.valid]
+    assert len(tasks) == 16 and len(valid) >= 8
+    assert {task.generator for task in tasks} == {"SmolLM2-135M-Instruct"}
+    folder = tasks_in(tmp_path / "run", arithmetic_tasks)
+    config = run_config(folder, "vllm") | {"executor": {"workers": 2}}
+
+    def kill_midway():
+        deadline = time.monotonic() + 300
+        while finished_lines(folder) < 8 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for process in engine.engine_processes:
+            process.kill()
+
+    killer = threading.Thread(target=kill_midway)
+    killer.start()
+    with pytest.raises(PropelError, match=r"^vLLM stopped generating \([^\n]*rerun the command to go on$"):
+        label(in_process(config, registry))
+    killer.join()
+    kept = {path.name: path.read_bytes() for path in folder.glob("labels*.jsonl")}
+    assert sum(text.count(b"\n") for text in kept.values()) >= 8
+    with pytest.raises(PropelError, match=r"^vLLM stopped generating"):
+        engine.generate(PROMPTS[:1], Sampling(max_new_tokens=4))
+
+    command = ["-q", "label", str(folder / "run.yaml"), "solver.backend=vllm", "executor.workers=2"]
+    out = propel_cli(*command).stdout
+    assert out.startswith(f"labeled {len(valid)}:")
+    ours = {x.task_id: x for x in iter_jsonl(folder / "labels.jsonl", Label)}
+    assert ours.keys() == {task.id for task in valid}
+    for line in kept.get("labels.jsonl", b"").splitlines():  # labels finished before the kill are kept as they were
+        before = Label.model_validate(json.loads(line))
+        assert ours[before.task_id] == before
+    assert same_attempts(ours, offline_labels) >= len(ours) - 1
