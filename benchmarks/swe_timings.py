@@ -17,7 +17,8 @@ builds one); six is copied into each container.
 
 ``--layers`` also times the verification of the valid bug and the grading of its revert with each
 layer of the verdict switched off in turn (the guard, the second runner and its clock rechecks, the
-screen; docs/swe.md, "Three layers"), all arms interleaved in one run: what each layer costs.
+screen; docs/swe.md, "Three layers"; and each test's own time limit), all arms interleaved in one
+run: what each layer costs.
 """
 
 import argparse
@@ -48,7 +49,9 @@ def step(what: str, arms: dict, repeats: int) -> dict[str, list[float]]:
 
 
 INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, sees nothing changed
-    b"def install(root, written):\n    return (lambda: ()), (lambda: False)\n\n\n"
+    b"class OutOfTime(BaseException):\n    pass\n\n\n"
+    b"def install(root, written):\n"
+    b"    return (lambda: ()), (lambda: False), (lambda seconds: None), (lambda: None)\n\n\n"
     b"def watch(prefixes):\n    return lambda: []\n"
 )
 
@@ -65,6 +68,7 @@ LAYERS = {
     "no guard": {"GUARD": INERT_GUARD},
     "no second runner": {"second_run": first_runner_again},
     "no screen": {"screen": lambda before, after, original=None: []},
+    "no test time limits": {"time_limits": lambda baseline: {}},
 }
 
 

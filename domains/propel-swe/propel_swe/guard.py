@@ -41,8 +41,13 @@ library; the harness imports it for ``is_test_path`` and ``written_lines``.
 # module defines looks names up there, so code under test that replaces a builtin changes nothing here
 __builtins__ = dict(vars(__import__("builtins")))
 
+import _signal
 import os
 import sys
+import types
+
+#: the audit event through which what the guard hands out asks its hook to act (``through_the_hook``)
+EVENT = "propel.guard"
 
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 RUNNER_FILES = frozenset(
@@ -88,6 +93,38 @@ READERS = PROBES | {("traceback.py", "_extract_from_extended_frame_gen")}
 DEVICES = ("/proc/", "/sys/", "/dev/mem", "/dev/kmem", "/dev/port", "/dev/fd/")
 
 
+def isolated(function):
+    """``function`` remade with globals and builtins of its own (empty): a function the guard hands
+    out leads, through ``__globals__`` or ``__builtins__``, to nothing of the guard's (its private
+    builtins, which the hook's own functions look names up in, would otherwise be in reach)."""
+    return types.FunctionType(
+        function.__code__, {"__builtins__": {}}, function.__name__, function.__defaults__, function.__closure__
+    )
+
+
+def through_the_hook(operation: str, event: str = EVENT):
+    """A function that asks the guard's hook to do ``operation`` (through ``sys.audit``) and returns
+    what the hook did. What the guard puts in place of an original (``signal.signal``, a thread's
+    start, ...) and what it hands the runners are such functions: they hold ``sys.audit`` and the
+    operation's name, nothing else (``isolated``). The originals and the guard's state live in the
+    hook's closure alone, which nothing in the process can reach (the interpreter keeps audit hooks
+    where Python code cannot list them)."""
+    audit = sys.audit
+
+    def guarded(*args, **kwargs):
+        box: list = []
+        audit(event, operation, args, kwargs, box)
+        return box[0]
+
+    return isolated(guarded)
+
+
+class OutOfTime(BaseException):
+    """What a test raises once it has run past its time limit (``install``'s ``arm``). A
+    BaseException, as pytest's own outcomes are: the code under test's ``except Exception`` does not
+    swallow it."""
+
+
 class Refused(PermissionError, ValueError):
     """What the guard raises: an OSError for code that opens files, a ValueError where the standard
     library expects one from ``sys._getframe`` (``logging``, ``collections.namedtuple`` go on without
@@ -126,22 +163,30 @@ def install(root: str, written: dict[str, list[int]]):
     passed or failed once it has refused anything (the change behaved otherwise than it would
     outside the harness). Everything the hook needs is bound here, in its closure: it reads no
     module attribute that the code under test could replace, and it calls no method of an object
-    the code under test made."""
+    the code under test made. What replaces an original, and the functions returned, are
+    ``through_the_hook`` functions: none of them holds an original or any of the guard's state.
+
+    It also returns ``arm(seconds)`` and ``disarm()``, a test's time limit: the runner arms it as a
+    phase of a test starts and disarms it as the phase ends; past it, SIGALRM from the real-time
+    interval timer makes the phase raise ``OutOfTime`` (a loop in Python code stops at its next
+    bytecode; code that holds the interpreter in C, or stops the timer itself, runs on to the
+    suite's own limit). The handler lives in the hook's closure too, is put in only while a limit is
+    armed, and what the repository had set (its own handler, a timer of its own) is given back."""
     import _imp
-    import _signal
     import _thread
     import pathlib
     import signal
     import subprocess  # noqa: F401  (loads _posixsubprocess now, so its fork_exec is wrapped below)
     import threading
-    import types
+    import time
 
     getframe, thread_id, fspath, lstat, readlink = sys._getframe, _thread.get_ident, os.fspath, os.lstat, os.readlink
     modules, start, owner = sys.modules, os.getcwd(), _thread.get_ident()
-    function, module_type, paths = types.FunctionType, types.ModuleType, (str, bytes)
+    function, module_type, code_type, paths = types.FunctionType, types.ModuleType, types.CodeType, (str, bytes)
     path_classes = (pathlib.PosixPath, pathlib.PurePosixPath)
     is_test, events, event_prefixes, frame_attributes = is_test_path, EVENTS, EVENT_PREFIXES, FRAME_ATTRIBUTES
     denied_modules, devices, refused, name_probes, frame_readers = MODULES, DEVICES, Refused, PROBES, READERS
+    asked = EVENT
     judged = events | {"compile", "marshal.loads", "code.__new__", "import", "open", "object.__getattr__",
                        "object.__setattr__", "object.__delattr__"}  # fmt: skip
     prefix = "/" + "/".join(part for part in root.split("/") if part) + "/"
@@ -267,7 +312,7 @@ def install(root: str, written: dict[str, list[int]]):
             if test and changed(caller.f_code):  # itself: inspect.signature of a test's function may
                 return "read the code of a test"
         setting = event in ("object.__setattr__", "object.__delattr__") and name in ("__class__", "__bases__")
-        if setting and changed(caller.f_code) and foreign(args[0]):  # itself: the standard library may
+        if setting and foreign(args[0]) and code_under_test_asks():  # through the standard library too
             return f"change {name} of what the repository did not define"
         if event == "import" and type(args[0]) is str and args[0] in denied_modules:
             source = importer(caller)
@@ -277,6 +322,8 @@ def install(root: str, written: dict[str, list[int]]):
         return None
 
     def hook(event: str, args: tuple) -> None:
+        if event == asked:  # a through_the_hook function: done here, where the originals are
+            return act(args)
         if event not in judged and not event.startswith(event_prefixes):
             return  # most events (exec, os.listdir ...) cost this one look-up
         if thread_id() in busy:  # the guard's own frame walk raises events too
@@ -285,6 +332,10 @@ def install(root: str, written: dict[str, list[int]]):
             compiled.add(args[1])  # what it compiles itself is its own code, whatever name it gives the file
             return
         swapped = event == "object.__setattr__" and type(args[1]) is str and args[1] == "__code__"
+        # another's function given the change's code, directly or through the standard library (functools)
+        given = swapped and type(args[0]) is function and type(args[2]) is code_type and changed(args[2])
+        if given and asking(lambda: not changed(args[0].__code__)) and asking(code_under_test_asks):
+            refuse("give its code to a function it did not write")
         made_code = swapped or event in ("marshal.loads", "code.__new__")
         if made_code and asking(lambda: changed(getframe(3).f_code)):
             refuse("make or swap code objects")  # itself: the standard library may (types.coroutine, importing)
@@ -316,12 +367,14 @@ def install(root: str, written: dict[str, list[int]]):
         return guarded
 
     set_handler, start_thread, defaults = _signal.signal, _thread.start_new_thread, (signal.SIG_DFL, signal.SIG_IGN)
+    handlers = signal.Handlers
 
     def guarded_signal(signalnum, handler):
         default = type(handler) is int or handler is defaults[0] or handler is defaults[1]
         if not default and asking(code_under_test_asks):
             refuse("set a signal handler")
-        return set_handler(signalnum, handler)
+        before = set_handler(signalnum, handler)
+        return handlers(before) if type(before) is int and before in (0, 1) else before  # as signal.signal answers
 
     def guarded_start(function, args, kwargs=None):
         taint = asking(code_under_test_asks)
@@ -335,9 +388,6 @@ def install(root: str, written: dict[str, list[int]]):
 
     # the first frame of every thread started through the guard runs this code
     started = next(c for c in guarded_start.__code__.co_consts if isinstance(c, types.CodeType) and c.co_name == "run")
-    sys.addaudithook(hook)
-    _signal.signal = signal.signal = guarded_signal
-    _thread.start_new_thread = _thread.start_new = threading._start_new_thread = guarded_start
     create_builtin, create_dynamic, spec_of = _imp.create_builtin, _imp.create_dynamic, types.SimpleNamespace
 
     def afresh(create):
@@ -356,14 +406,66 @@ def install(root: str, written: dict[str, list[int]]):
         return guarded
 
     made = set(modules)  # builtin and extension modules made so far: the change may not make them again
-    _imp.create_builtin, _imp.create_dynamic = afresh(create_builtin), afresh(create_dynamic)
+    set_timer, handler_of, monotonic, out_of_time = _signal.setitimer, _signal.getsignal, time.monotonic, OutOfTime
+    alarm_signal, real_time, default_action = _signal.SIGALRM, _signal.ITIMER_REAL, _signal.SIG_DFL
+    armed: list[tuple] = []  # (the handler before, the timer before, when), while a limit is armed
+
+    def past_the_limit(signalnum, frame):
+        raise out_of_time("the test ran past its time limit")
+
+    past_the_limit = isolated(past_the_limit)
+
+    def arm(seconds) -> None:
+        if type(seconds) not in (int, float) or not 0 < seconds < 1e6 or armed:
+            return
+        before = set_handler(alarm_signal, past_the_limit)
+        armed.append((before, set_timer(real_time, seconds), monotonic()))
+
+    def disarm() -> None:
+        if not armed:
+            return
+        before, (left, interval), since = armed.pop()
+        set_timer(real_time, 0)
+        if handler_of(alarm_signal) is past_the_limit:  # a handler the test set itself stays
+            set_handler(alarm_signal, default_action if before is None else before)
+        if left:  # a timer of the repository's own was running: it goes on
+            set_timer(real_time, max(left - (monotonic() - since), 1e-6), interval)
+
+    # what the hook does when asked (EVENT): the guarded originals, and the runners' two questions
+    operations = {
+        "signal": guarded_signal,
+        "start": guarded_start,
+        "create_builtin": afresh(create_builtin),
+        "create_dynamic": afresh(create_dynamic),
+        "refusals": lambda: tuple(refusals),
+        "asks": lambda: asking(code_under_test_asks),
+        "arm": arm,
+        "disarm": disarm,
+    }
+    installed = [(_imp, "create_builtin"), (_imp, "create_dynamic")]
     for name in ("_posixsubprocess", "subprocess"):
         module = modules.get(name)
         attribute = "fork_exec" if name == "_posixsubprocess" else "_fork_exec"
         if module is not None and hasattr(module, attribute):
-            setattr(module, attribute, behind_the_guard(getattr(module, attribute), "start a process"))
-    modules.pop(__name__, None)  # nothing left to find by name (its state lives in the closures above)
-    return (lambda: tuple(refusals)), (lambda: asking(code_under_test_asks))
+            operations[f"{name}.{attribute}"] = behind_the_guard(getattr(module, attribute), "start a process")
+            installed.append((module, attribute))
+
+    def act(args: tuple) -> None:
+        """Do what a ``through_the_hook`` function asked: the operation's answer into its box."""
+        operation, positional, keywords, box = args if len(args) == 4 else (None,) * 4
+        if type(operation) is not str or operation not in operations or type(box) is not list:
+            refuse("ask the guard for what it does not do")
+        if type(positional) is not tuple or type(keywords) is not dict:
+            refuse("ask the guard with arguments of its own making")
+        list.append(box, operations[operation](*positional, **keywords))
+
+    sys.addaudithook(hook)
+    _signal.signal = signal.signal = through_the_hook("signal")
+    _thread.start_new_thread = _thread.start_new = threading._start_new_thread = through_the_hook("start")
+    for module, attribute in installed:
+        setattr(module, attribute, through_the_hook(f"{module.__name__}.{attribute}".removeprefix("_imp.")))
+    modules.pop(__name__, None)  # nothing left to find by name (its state lives in the hook's closure)
+    return through_the_hook("refusals"), through_the_hook("asks"), through_the_hook("arm"), through_the_hook("disarm")
 
 
 def watch(prefixes: tuple[str, ...]):
@@ -400,4 +502,4 @@ def watch(prefixes: tuple[str, ...]):
     def changed() -> list[str]:
         return [f"{at}.{key}" for namespace, key, value, at in entries if namespace.get(key, missing) is not value]
 
-    return changed
+    return isolated(changed)

@@ -11,7 +11,7 @@ test cannot look it up by name or by its attributes. Then it writes, on that des
 per event:
 
     PROPEL-REPORT <key> {"event": "start"}
-    PROPEL-REPORT <key> {"event": "test", "id": "<pytest node id>", "outcome": "passed"}
+    PROPEL-REPORT <key> {"event": "test", "id": "<pytest node id>", "outcome": "passed", "seconds": 0.01}
     PROPEL-REPORT <key> {"event": "end", "exitstatus": 1, "imported": ["pkg/core.py", ...]}
 
 Before each line it checks that pytest, pluggy, unittest, json and the builtins still hold the
@@ -24,7 +24,10 @@ last two once the guard has refused the change anything (it ran otherwise than i
 ``imported`` lists the files under the checkout that were imported by the end of the session. A pipe
 cannot be rewritten: what the code under test writes after the end line, or a second line for a
 test, is seen by the harness as tampering. When the orders select tests (node ids), every other test
-is deselected.
+is deselected. A test the orders give a time limit (``time_limits``: node id -> seconds, or
+``time_limit`` for every test) has each of its
+phases stopped there (the guard's ``arm``): a call that runs past it fails, a set-up or tear-down is
+an error; ``seconds`` is how long its three phases took.
 """
 
 # a private copy of the builtins, taken before any code of the repository runs: every function this
@@ -58,19 +61,21 @@ ALLOWED = frozenset(ORDERS.get("machinery") or ())
 TAMPERED = '{"event": "tampered"}'  # written as it is: json's encoder may be what was changed
 KEY, ROOT = ORDERS.get("key", ""), Path(ORDERS.get("root") or os.getcwd())
 SELECT = None if ORDERS.get("select") is None else set(ORDERS["select"])
-_intact = _refusals = _asks = None
+LIMITS = ORDERS.get("time_limits") or {}  # node id -> seconds each of its phases may run
+LIMIT = ORDERS.get("time_limit")  # ... for a test not named there (the preflight's: its whole budget)
+_intact = _refusals = _asks = _arm = _disarm = None
 _plugin_of_the_change = False  # a pytest plugin registered while the change's code ran
 if ORDERS.get("guard"):
     _guard = importlib.import_module(ORDERS["guard"])
     _intact = _guard.watch(WATCHED)
-    _refusals, _asks = _guard.install(str(ROOT), ORDERS.get("written") or {})
+    _refusals, _asks, _arm, _disarm = _guard.install(str(ROOT), ORDERS.get("written") or {})
     del _guard
 try:
     OUT = os.dup(3)
 except OSError:
     OUT = None
 
-_phases = {}
+_phases, _seconds = {}, {}
 _active = True
 # taken now, before any code of the repository is imported: code under test that replaces json.dumps
 # or os.write (allowed modules) later changes nothing this plugin writes
@@ -135,13 +140,30 @@ def pytest_collection_modifyitems(session, config, items):
     items[:] = kept
 
 
+def _limited(item):
+    """Each phase of a test (set-up, call, tear-down) under the test's time limit: past it the phase
+    raises ``guard.OutOfTime``, and the test fails (an error, in set-up or tear-down)."""
+    if _arm is None or LIMITS.get(item.nodeid, LIMIT) is None:
+        return (yield)
+    _arm(LIMITS.get(item.nodeid, LIMIT))
+    try:
+        return (yield)
+    finally:
+        _disarm()
+
+
+pytest_runtest_setup = pytest_runtest_call = pytest_runtest_teardown = pytest.hookimpl(wrapper=True)(_limited)
+
+
 def pytest_runtest_logreport(report):
     _phases.setdefault(report.nodeid, {})[report.when] = report.outcome
+    _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
     if report.when == "teardown":  # always the last phase, whatever happened before it
         outcome = _outcome(_phases.pop(report.nodeid))
         if _refusals is not None and _refusals() and outcome in ("passed", "failed"):
             outcome = "refused"  # the change asked the guard for something: not what it does outside
-        _emit({"event": "test", "id": report.nodeid, "outcome": outcome})
+        seconds = round(_seconds.pop(report.nodeid), 4)
+        _emit({"event": "test", "id": report.nodeid, "outcome": outcome, "seconds": seconds})
 
 
 @pytest.hookimpl(trylast=True)

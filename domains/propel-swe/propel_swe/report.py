@@ -58,6 +58,7 @@ with open(sys.argv[1], "w") as out:
 @dataclass
 class Report:
     tests: dict[str, str] = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)  # seconds each test's phases took
     imported: list[str] = field(default_factory=list)
     machinery: list[str] = field(default_factory=list)  # runner functions and classes the run changed
     refused: list[str] = field(default_factory=list)  # what the guard refused the change
@@ -100,6 +101,9 @@ def read_report(stdout: str, key: str) -> Report:
         if test in report.tests:
             return Report(problem=f"{test} reported twice: forged")
         report.tests[test] = outcome
+        seconds = event.get("seconds")
+        if type(seconds) in (int, float) and 0 <= seconds < 1e9:
+            report.durations[test] = float(seconds)
     imported = events[-1].get("imported")
     report.imported = [path for path in imported if isinstance(path, str)] if isinstance(imported, list) else []
     refused = events[-1].get("refused")

@@ -20,7 +20,10 @@ one line, ``NONCE OUTCOME ...`` (one word a test, in order), on the descriptor, 
 harness that differs from the first runner's in number, key and format. Outcomes: ``passed``,
 ``failed`` (the test raised), ``skipped``, ``error`` (its set-up failed or it could not be run),
 ``refused`` (in place of passed or failed, once the guard has refused the change anything),
-``tampered`` (the machinery that judges a test was changed while it ran).
+``tampered`` (the machinery that judges a test was changed while it ran). A test the orders give a
+time limit (``time_limits``) fails when it runs past it in its call, and is an error when it does so
+in its import, a set-up or a tear-down, as under the first runner (a test called directly has the
+limit once for all of these; under pytest, each phase has it).
 """
 
 # a private copy of the builtins, taken before any code of the repository runs: every function this
@@ -46,6 +49,8 @@ MODULE_HOOKS = (("setup_module", "setUpModule"), ("teardown_module", "tearDownMo
 
 WATCHED = ("unittest", "_pytest", "pytest", "pluggy", "builtins")
 CHANGE = types.SimpleNamespace(asks=lambda: False)  # whether code the change wrote is on the stack (guard)
+#: each test's time limit (node id -> seconds), the guard's arm and disarm, and what a test past it raises
+TIME = types.SimpleNamespace(limits={}, arm=None, disarm=None, out=())
 
 
 def main() -> None:
@@ -62,7 +67,8 @@ def main() -> None:
             import pytest  # noqa: F401  (before the repository's code, so the snapshot holds it)
         guard = importlib.import_module(orders["guard"])
         intact = guard.watch(WATCHED)
-        refusals, CHANGE.asks = guard.install(str(root), orders.get("written") or {})
+        TIME.limits, TIME.out = orders.get("time_limits") or {}, guard.OutOfTime
+        refusals, CHANGE.asks, TIME.arm, TIME.disarm = guard.install(str(root), orders.get("written") or {})
         del guard
         with warnings.catch_warnings(record=True):  # recorded, as pytest does: never shown with a source line
             outcomes = run(root, tests)
@@ -79,7 +85,7 @@ def main() -> None:
 
 def run(root: Path, tests: list[str]) -> list[str]:
     """Each test's outcome, in order: the plain ones called directly, the others in one pytest session."""
-    outcomes = {test: run_directly(root, test) for test in tests if not _needs_pytest(root, test)}
+    outcomes = {test: run_alone(root, test) for test in tests if not _needs_pytest(root, test)}
     _leave_scopes()
     others = [test for test in tests if test not in outcomes]
     if others:
@@ -91,6 +97,18 @@ def _needs_pytest(root: Path, test: str) -> bool:
     path, _, names = test.partition("::")
     file = root / path
     return "[" in names or _has_conftest(root, file.parent) or any(word in file.read_text() for word in NEEDS_PYTEST)
+
+
+def run_alone(root: Path, test: str) -> str:
+    """``run_directly`` under the test's time limit: past it, the call fails (``_call``), and an
+    import or a set-up or tear-down of a module or class is an error, as under pytest."""
+    TIME.arm(TIME.limits.get(test))
+    try:
+        return run_directly(root, test)
+    except TIME.out:
+        return "error"
+    finally:
+        TIME.disarm()
 
 
 def run_directly(root: Path, test: str) -> str:
@@ -136,6 +154,8 @@ def _call(module, instance, call) -> str:
     try:
         call()
         outcome = "passed"
+    except TIME.out:  # the test's time limit (run_alone) ran out in its call: it failed
+        outcome = "failed"
     except Exception as exc:
         outcome = "skipped" if type(exc).__name__ in ("Skipped", "SkipTest") else "failed"
     if tear_down is not None:
@@ -159,6 +179,9 @@ def _enter(holder, set_up, tear_down, argument) -> bool:
             TEARDOWNS.append((tear_down, argument))
         except Exception:
             SCOPES[id(holder)] = False
+        except TIME.out:  # a set-up past the test's time limit failed for every test of its scope
+            SCOPES[id(holder)] = False
+            raise
     return SCOPES[id(holder)]
 
 
@@ -220,6 +243,15 @@ def run_under_pytest(root: Path, tests: list[str]) -> dict[str, str]:
 
         def pytest_plugin_registered(self, plugin):
             self.plugin_of_the_change = self.plugin_of_the_change or (plugin is not self and CHANGE.asks())
+
+        def limited(self, item):  # each phase under the test's time limit, as under the first runner
+            TIME.arm(TIME.limits.get(item.nodeid))
+            try:
+                return (yield)
+            finally:
+                TIME.disarm()
+
+        pytest_runtest_setup = pytest_runtest_call = pytest_runtest_teardown = pytest.hookimpl(wrapper=True)(limited)
 
         def pytest_runtest_logreport(self, report):
             phases = self.phases.setdefault(report.nodeid, {})

@@ -32,6 +32,7 @@ from propel_swe.screen import screen
 MAX_BASELINE_FAILURES = 1  # paper 13.1
 RECHECKS = 3  # failing tests of a bug run again, each alone in a fresh process on a fresh checkout
 MIN_SUITE_SECONDS, SUITE_BUDGET_FACTOR = 30.0, 10.0  # a verification's budget from the preflight's duration
+MIN_TEST_SECONDS, TEST_TIME_FACTOR = 5.0, 20.0  # a test's time limit from its own duration (``time_limits``)
 SECOND_RUNNER = (Path(__file__).parent / "second_runner.py").read_bytes()
 GUARD = (Path(__file__).parent / "guard.py").read_bytes()
 #: a src layout (code under src/, no package there) is importable as an installed package would be
@@ -48,6 +49,7 @@ CLOCK_SHIFT_DAYS = (400, 3650)
 class SuiteRun(BaseModel):
     status: str = Field(description="ok: the suite ran and reported; else tampered, no_report, timeout, ...")
     tests: dict[str, str] = Field(default_factory=dict, description="pytest node id -> outcome")
+    durations: dict[str, float] = Field(default_factory=dict, description="pytest node id -> seconds")
     imported: list[str] = Field(default_factory=list)
     machinery: list[str] = Field(default_factory=list, description="runner functions the run changed")
     refused: list[str] = Field(default_factory=list, description="what the guard refused the change")
@@ -62,6 +64,9 @@ class Baseline(BaseModel):
     key: str
     status: str
     tests: dict[str, str] = Field(default_factory=dict)
+    durations: dict[str, float] = Field(
+        default_factory=dict, description="pytest node id -> seconds it took (what its time limit is made from)"
+    )
     test_count: int = 0
     failures: int = 0
     duration: float = 0.0
@@ -148,6 +153,7 @@ def run_suite(
     return SuiteRun(
         status="ok",
         tests=report.tests,
+        durations=report.durations,
         imported=report.imported,
         machinery=report.machinery,
         refused=report.refused,
@@ -187,8 +193,8 @@ def checked_run(
 def preflight(sandbox, repo: RepoSpec) -> Baseline:
     """Run the suite once on the clean checkout: status, test count, duration, failures, per-test,
     and which of its files the suite imports."""
-    with workspace(sandbox, repo) as ws:
-        suite = run_suite(ws, repo, repo.time_budget)
+    with workspace(sandbox, repo) as ws:  # each test under a limit, as later (the whole budget: no duration yet)
+        suite = run_suite(ws, repo, repo.time_budget, guarding={"time_limit": repo.time_budget})
     failures = sum(outcome in ("failed", "error") for outcome in suite.tests.values())
     imported = [path for path in suite.imported if path.endswith(".py") and not is_test_path(path)]
     return Baseline(
@@ -196,6 +202,7 @@ def preflight(sandbox, repo: RepoSpec) -> Baseline:
         key=repo.key(),
         status=suite.status,
         tests=suite.tests,
+        durations=suite.durations,
         test_count=len(suite.tests),
         failures=failures,
         duration=suite.duration,
@@ -482,10 +489,19 @@ def changed_sources(ws, old: dict[str, str], new: dict[str, str]) -> dict[str, s
 
 
 def guard_orders(written: dict[str, list[int]], baseline: Baseline) -> dict[str, Any]:
-    """What both runners tell the guard: the lines the change wrote, and the functions and classes
-    of the runners' machinery that the clean suite itself changes (pytest's own plugins, a
-    repository's conftest), which are no sign of tampering."""
-    return {"written": written, "machinery": baseline.machinery_changes}
+    """What both runners tell the guard: the lines the change wrote, the functions and classes of
+    the runners' machinery that the clean suite itself changes (pytest's own plugins, a repository's
+    conftest), which are no sign of tampering, and each test's time limit (``time_limits``)."""
+    return {"written": written, "machinery": baseline.machinery_changes, "time_limits": time_limits(baseline)}
+
+
+def time_limits(baseline: Baseline) -> dict[str, float]:
+    """Seconds each test's call may run with a change applied: ``TEST_TIME_FACTOR`` times what the
+    whole test took in the preflight, at least ``MIN_TEST_SECONDS``. Past it the test fails, as a hang
+    is a failure: a bug that makes a test loop for ever is judged on that test instead of the whole
+    suite running out of its budget. A test the preflight gave no duration (a baseline cached before
+    durations were recorded) has no limit of its own."""
+    return {test: max(MIN_TEST_SECONDS, TEST_TIME_FACTOR * seconds) for test, seconds in baseline.durations.items()}
 
 
 def written_by(ws, sources: dict[str, str], clean: dict[str, str], now: dict[str, str]) -> dict[str, list[int]]:

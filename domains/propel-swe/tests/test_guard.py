@@ -99,6 +99,71 @@ def test_module_class_swapped():
     sys.modules["tests.test_pkg"].__class__ = Module
 
 
+def guarded(name):
+    return getattr(sys.modules[name.rpartition(".")[0]], name.rpartition(".")[2])
+
+
+WRAPPERS = ("signal.signal", "_thread.start_new_thread", "_imp.create_builtin", "subprocess._fork_exec")
+
+
+def in_reach():  # everything the guard's wrappers lead to through closures and globals
+    found, pending, seen = [], [guarded(name) for name in WRAPPERS], set()
+    while pending:
+        value = pending.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        found.append(value)
+        pending += [cell.cell_contents for cell in getattr(value, "__closure__", None) or ()]
+        if callable(value) and type(getattr(value, "__globals__", None)) is dict:
+            pending += [v for v in value.__globals__.values() if callable(v)]
+    return found
+
+
+def handler_through_a_closure():  # the original signal.signal, if a wrapper's cells or globals hold it
+    setter = next((v for v in in_reach() if getattr(v, "__module__", "") == "_signal" and v.__name__ == "signal"), None)
+    (setter or signal.signal)(signal.SIGUSR1, {}.__setitem__)
+
+
+def guard_state_cleared():  # the guard's state, if in reach, emptied (the change's lines forgotten)
+    for value in in_reach():
+        if type(value) in (dict, set, list):
+            value.clear()
+    return sys._getframe(0)
+
+
+def builtins_poisoned():  # the builtins the guard's functions read, if in reach: any() always False
+    for value in in_reach() + [signal.getsignal(signal.SIGALRM)]:
+        for space in (getattr(value, "__globals__", None), getattr(value, "__builtins__", None)):
+            if type(space) is dict:
+                inner = space.get("__builtins__", space)
+                if type(inner) is dict:
+                    inner["any"] = lambda found: False
+    return sys._getframe(0)
+
+
+def code_swapped_through_functools():  # the repository's function given the change's code, by functools
+    import functools
+
+    functools.update_wrapper(original, frame, assigned=("__code__",), updated=())
+
+
+def class_swapped_through_functools():  # a test module given a class the change wrote, by functools
+    import functools
+    import types
+
+    class Module(types.ModuleType):
+        pass
+
+    functools.update_wrapper(sys.modules["tests.test_pkg"], Module("x"), assigned=("__class__",), updated=())
+
+
+def time_limit_handler_swapped():  # the handler of the armed time limit given the change's code
+    import functools
+
+    functools.update_wrapper(signal.getsignal(signal.SIGALRM), frame, assigned=("__code__",), updated=())
+
+
 def harmless():
     import asyncio  # noqa: F401  (imports _posixsubprocess for itself)
     import traceback
@@ -115,21 +180,24 @@ def harmless():
 WRITTEN = [  # the functions the change wrote: every one after original()
     "frame", "garbage", "traceback_frame", "handler", "the_tests", "process", "proc", "thread", "memory",
     "code_of_a_test", "compiled_later", "fresh_thread_module", "process_without_popen", "test_module_class_swapped",
-    "harmless",
+    "handler_through_a_closure", "guard_state_cleared", "builtins_poisoned", "code_swapped_through_functools",
+    "class_swapped_through_functools", "time_limit_handler_swapped", "harmless",
 ]  # fmt: skip
 PROBE = """
 import importlib, json, sys
 sys.path[:0] = [{root!r}, {guard_dir!r}]
 guard = importlib.import_module("guard")
 intact = guard.watch(("json",))
-refusals, asks = guard.install({root!r}, {written!r})
+refusals, asks, arm, disarm = guard.install({root!r}, {written!r})
 import pkg, tests.test_pkg
 found = {{"original": repr(pkg.original())}}
 for name in {names!r}:
+    arm(30)  # as a runner does around each phase of a test
     try:
         found[name] = "allowed: " + repr(getattr(pkg, name)())[:40]
     except Exception as exc:
         found[name] = f"{{type(exc).__name__}}: {{exc}}"
+    disarm()
 later = pkg.compiled_later
 try:
     found["compiled_later()()"] = "allowed: " + repr(later()())[:40]

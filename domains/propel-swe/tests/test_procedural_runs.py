@@ -121,13 +121,15 @@ def test_generate_loads_no_generator_model_and_any_executor_gives_the_same_bugs(
         train(run("one", 1))
 
 
+#: a hang in C, which checks for no signal: each test's own time limit cannot stop it (a loop in Python it
+#: can: test_second_runner), so the suite runs into its own limit
 HANG = """\
 --- a/tinystats/core.py
 +++ b/tinystats/core.py
 @@ -1,3 +1,5 @@
  def mean(values):
-+    while True:
-+        pass
++    import itertools
++    sum(itertools.repeat(1))
      if not values:
          raise ValueError("mean of no values")
 """

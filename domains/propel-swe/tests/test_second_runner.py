@@ -15,7 +15,7 @@ from swe_helpers import fenced, reverted, scripted, write_registry
 
 from propel_core.plugins import Registry
 from propel_swe.checkout import git_checkout
-from propel_swe.verifier import apply_diffs, second_run, workspace
+from propel_swe.verifier import apply_diffs, run_suite, second_run, workspace
 
 BUG = "--- a/styles/core.py\n+++ b/styles/core.py\n@@ -1,2 +1,2 @@\n def double(x):\n-    return x * 2\n+    return x * 3\n"
 FIX = BUG.replace("-    return x * 2\n+    return x * 3", "-    return x * 3\n+    return x * 2")
@@ -40,6 +40,54 @@ def test_each_style_fails_with_the_bug_and_passes_with_the_fix(styles_domain):
         assert alone == dict.fromkeys(TESTS, "failed")
         assert apply_diffs(ws, [FIX]) is None
         assert second_run(ws, repo, TESTS, 60) == dict.fromkeys(TESTS, "passed")  # all in one process
+
+
+#: a bug that makes double() loop for ever, and the diff that undoes it
+LOOP = "    while x == x:\n        x = -x\n    return x * 2\n"
+HANG = "--- a/styles/core.py\n+++ b/styles/core.py\n@@ -1,2 +1,4 @@\n def double(x):\n-    return x * 2\n" + "".join(
+    f"+{line}\n" for line in LOOP.splitlines()
+)
+UNHANG = (
+    "--- a/styles/core.py\n+++ b/styles/core.py\n@@ -1,4 +1,2 @@\n def double(x):\n"
+    + "".join(f"-{line}\n" for line in LOOP.splitlines())
+    + "+    return x * 2\n"
+)
+
+
+#: what HANG makes of each style's test: the tests that call double() in a set-up are errors
+HUNG = {test: "error" if "camel" in test or "SetUp" in test else "failed" for test in TESTS}
+
+
+def test_a_test_past_its_time_limit_fails_in_each_style_under_both_runners(styles_domain):
+    """A call stopped at its time limit is a failed test, and a set-up stopped there an error,
+    whichever way the test is written and whichever runner runs it; the run goes on to the next test."""
+    repo = styles_domain.repos["teststyles"]
+    limits = {"time_limits": dict.fromkeys(styles_domain.baseline(repo).tests, 0.5)}
+    with workspace(styles_domain.sandbox, repo) as ws:
+        assert apply_diffs(ws, [HANG]) is None
+        assert second_run(ws, repo, TESTS, 60, guarding=limits) == HUNG
+        suite = run_suite(ws, repo, 60, guarding=limits)
+        assert suite.status == "ok" and {test: suite.tests[test] for test in TESTS} == HUNG
+        assert all(0.5 <= suite.durations[test] < 5 for test in TESTS), suite.durations
+
+
+def test_a_bug_that_hangs_tests_is_judged_on_them(styles_domain, monkeypatch):
+    """Tests a bug makes loop for ever fail at their time limit (from the preflight's durations),
+    alone, under the second runner and with the clock moved too, so the bug is valid and its revert
+    solves it; without the limits the whole suite would run out of its budget."""
+    from propel_swe import verifier
+
+    monkeypatch.setattr(verifier, "MIN_TEST_SECONDS", 0.5)
+    baseline = styles_domain.baseline(styles_domain.repos["teststyles"])
+    assert set(TESTS) <= set(baseline.durations) and all(0 < seconds < 5 for seconds in baseline.durations.values())
+    payload = {"repo": "teststyles", "diff": HANG, "turns": ["x"]}
+    validity = styles_domain.verify(payload)
+    assert validity.valid, validity.reason
+    failed = {test for test, outcome in HUNG.items() if outcome == "failed"}
+    assert set(payload["failing_tests"]) == failed | {"tests/test_fixtures.py::test_doubles_each[0-0]"}
+    attempt = {"diff": UNHANG, "stop_reason": "stop", "status": "finished", "turns": []}
+    verdict = styles_domain.grade(payload, json.dumps(attempt))
+    assert verdict.solved is True, verdict.reason
 
 
 def test_a_real_bug_and_its_fix_in_these_styles(styles_domain):
