@@ -1,6 +1,5 @@
 # make demo: set up .venv and run the quick start's main job on the embedded default model.
-# make test: set up .venv and run ruff and the whole test suite in three workers on the two cores (what CI runs:
-# a third of the time a test waits on a sandbox, a server or a child process, the third worker runs).
+# make test: set up .venv and run ruff and the whole test suite in two workers (what CI runs).
 # Set-up reruns only when a pyproject or the set-up script changed.
 
 VENV := .venv
@@ -19,4 +18,4 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/pytest -n 2 --dist loadfile --no-loadscope-reorder

@@ -1,6 +1,6 @@
 """Shared fixtures: the example third-party plugin, installed for real, and the embedded model; and how
 the whole suite (tests/ and domains/) shares a machine when pytest-xdist runs it in several workers
-(``make test``: ``-n 3 --dist loadfile --no-loadscope-reorder``, so a test module runs whole on one
+(``make test``: ``-n 2 --dist loadfile --no-loadscope-reorder``, so a test module runs whole on one
 worker and builds its module fixtures once, and the longest modules start first).
 """
 
