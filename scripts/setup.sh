@@ -38,8 +38,7 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
         echo "note: chromium not installed; the report's browser test will skip" >&2
 fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-# --no-compile: no bytecode for the 30,000 files installed; Python writes it for what is imported, on first import
-pip=(.venv/bin/python -m pip install -q --disable-pip-version-check --no-compile)
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 
 # torch before anything that depends on it, or pip resolves a plain 'torch' to the CUDA wheels
 "${pip[@]}" "${TORCH_SPEC:-torch==2.13.0}"
