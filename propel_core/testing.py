@@ -132,11 +132,23 @@ MEMORY_PINNERS = {
 MEMORY_PINNERS = {name: _PIN.format(body=body) for name, body in MEMORY_PINNERS.items()}
 
 
-def stray_sandbox_processes(uids: range) -> list[str]:
+def stray_sandbox_processes(uids: range, settle: float = 0.5) -> list[str]:
     """``uid pid command`` of each live process whose uid is in ``uids`` and that is not in the
     cgroup of a run another process has under way: a process still in one of this process's run
     groups, or in no run group at all, outlived its run. A process already in the kernel's exit path
-    (its memory released, so it runs no code) is not counted."""
+    (its memory released, so it runs no code) is not counted, and neither is one gone or in another
+    run's group ``settle`` seconds later: another test session's run starting beside this one has
+    its first process under a sandbox uid before that process joins its run's group."""
+    import time
+
+    first = _stray_processes(uids)
+    if not first:
+        return []
+    time.sleep(settle)
+    return [line for line in _stray_processes(uids) if line in first]
+
+
+def _stray_processes(uids: range) -> list[str]:
     import os
 
     from propel_plugins.bounds import PREFIX
