@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -143,6 +144,23 @@ def test_nothing_outlives_a_run(sandbox):
     for _ in range(3):
         assert run(sandbox, code).status == "timeout"
     assert sandbox_folders_left() == []
+    assert stray_sandbox_processes(sandbox.uids) == []
+
+
+def test_a_process_left_under_a_sandbox_uid_is_found(sandbox):
+    """What the check above counts on: a process of a sandbox uid in no run's group is a stray, seen
+    in both of the check's looks; once it is gone, nothing is."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to start a process under a sandbox uid")
+    uid = sandbox.uids[-1]
+    left = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "30"])
+    try:
+        time.sleep(0.3)
+        found = stray_sandbox_processes(sandbox.uids)
+        assert [line.split()[:2] for line in found] == [[str(uid), str(left.pid)]], found
+    finally:
+        left.kill()
+        left.wait()
     assert stray_sandbox_processes(sandbox.uids) == []
 
 
