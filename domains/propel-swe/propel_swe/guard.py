@@ -102,14 +102,14 @@ def isolated(function):
     )
 
 
-def through_the_hook(operation: str, event: str = EVENT):
+def through_the_hook(operation: str):
     """A function that asks the guard's hook to do ``operation`` (through ``sys.audit``) and returns
     what the hook did. What the guard puts in place of an original (``signal.signal``, a thread's
     start, ...) and what it hands the runners are such functions: they hold ``sys.audit`` and the
     operation's name, nothing else (``isolated``). The originals and the guard's state live in the
     hook's closure alone, which nothing in the process can reach (the interpreter keeps audit hooks
     where Python code cannot list them)."""
-    audit = sys.audit
+    audit, event = sys.audit, EVENT  # bound in the closure: an isolated function has no globals to read
 
     def guarded(*args, **kwargs):
         box: list = []
@@ -334,7 +334,7 @@ def install(root: str, written: dict[str, list[int]]):
         swapped = event == "object.__setattr__" and type(args[1]) is str and args[1] == "__code__"
         # another's function given the change's code, directly or through the standard library (functools)
         given = swapped and type(args[0]) is function and type(args[2]) is code_type and changed(args[2])
-        if given and asking(lambda: not changed(args[0].__code__)) and asking(code_under_test_asks):
+        if given and asking(lambda: not changed(args[0].__code__) and code_under_test_asks()):
             refuse("give its code to a function it did not write")
         made_code = swapped or event in ("marshal.loads", "code.__new__")
         if made_code and asking(lambda: changed(getframe(3).f_code)):
@@ -435,8 +435,8 @@ def install(root: str, written: dict[str, list[int]]):
     operations = {
         "signal": guarded_signal,
         "start": guarded_start,
-        "create_builtin": afresh(create_builtin),
-        "create_dynamic": afresh(create_dynamic),
+        "_imp.create_builtin": afresh(create_builtin),
+        "_imp.create_dynamic": afresh(create_dynamic),
         "refusals": lambda: tuple(refusals),
         "asks": lambda: asking(code_under_test_asks),
         "arm": arm,
@@ -463,7 +463,7 @@ def install(root: str, written: dict[str, list[int]]):
     _signal.signal = signal.signal = through_the_hook("signal")
     _thread.start_new_thread = _thread.start_new = threading._start_new_thread = through_the_hook("start")
     for module, attribute in installed:
-        setattr(module, attribute, through_the_hook(f"{module.__name__}.{attribute}".removeprefix("_imp.")))
+        setattr(module, attribute, through_the_hook(f"{module.__name__}.{attribute}"))
     modules.pop(__name__, None)  # nothing left to find by name (its state lives in the hook's closure)
     return through_the_hook("refusals"), through_the_hook("asks"), through_the_hook("arm"), through_the_hook("disarm")
 

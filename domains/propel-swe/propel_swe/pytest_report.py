@@ -143,9 +143,10 @@ def pytest_collection_modifyitems(session, config, items):
 def _limited(item):
     """Each phase of a test (set-up, call, tear-down) under the test's time limit: past it the phase
     raises ``guard.OutOfTime``, and the test fails (an error, in set-up or tear-down)."""
-    if _arm is None or LIMITS.get(item.nodeid, LIMIT) is None:
+    seconds = LIMITS.get(item.nodeid, LIMIT)
+    if _arm is None or seconds is None:
         return (yield)
-    _arm(LIMITS.get(item.nodeid, LIMIT))
+    _arm(seconds)
     try:
         return (yield)
     finally:

@@ -496,10 +496,11 @@ def guard_orders(written: dict[str, list[int]], baseline: Baseline) -> dict[str,
 
 
 def time_limits(baseline: Baseline) -> dict[str, float]:
-    """Seconds each test's call may run with a change applied: ``TEST_TIME_FACTOR`` times what the
-    whole test took in the preflight, at least ``MIN_TEST_SECONDS``. Past it the test fails, as a hang
-    is a failure: a bug that makes a test loop for ever is judged on that test instead of the whole
-    suite running out of its budget. A test the preflight gave no duration (a baseline cached before
+    """Seconds each phase of a test (set-up, call, tear-down) may run with a change applied:
+    ``TEST_TIME_FACTOR`` times what the whole test took in the preflight, at least
+    ``MIN_TEST_SECONDS``. Past it the test fails (a set-up or tear-down is an error), as a hang is a
+    failure: a bug that makes a test loop for ever is judged on that test instead of the whole suite
+    running out of its budget. A test the preflight gave no duration (a baseline cached before
     durations were recorded) has no limit of its own."""
     return {test: max(MIN_TEST_SECONDS, TEST_TIME_FACTOR * seconds) for test, seconds in baseline.durations.items()}
 
