@@ -25,17 +25,17 @@ class TransformersBackend:
     """Loads a causal LM (hub id, local folder, or the embedded default) and runs it in-process."""
 
     def __init__(self, model: ModelConfig):
+        path = resolve_model(model.model)  # a path that is no model fails here, before torch loads (seconds)
+        advice = "give a local model folder, a .gguf file or a Hugging Face hub id"
+        if Path(path).is_dir() and not (Path(path) / "config.json").exists():
+            raise PropelError(f"model {path} is a folder without a config.json, not a model: {advice}")
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.config = model
         self.model_id = model.model_id
-        path = resolve_model(model.model)
         self.device = _pick_device(model.device)
         dtype = _pick_dtype(model.dtype, self.device)
-        advice = "give a local model folder, a .gguf file or a Hugging Face hub id"
-        if Path(path).is_dir() and not (Path(path) / "config.json").exists():
-            raise PropelError(f"model {path} is a folder without a config.json, not a model: {advice}")
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path, revision=model.revision)
             self.model = AutoModelForCausalLM.from_pretrained(path, revision=model.revision, dtype=dtype)
