@@ -5,6 +5,7 @@ out whole episodes (:class:`EpisodeRollouts`)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -199,8 +200,10 @@ def colocated_engine(use_vllm: bool):
     vLLM its own; afterwards the environment is as it was, so a process this one starts (a solver
     server, an audit's, the next stage's) is not taken for a rank of a distributed run. Without CUDA,
     vLLM's CPU build sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB), not from TRL's GPU
-    memory share, so it is the vllm backend's CPU default (``CPU_KV_CACHE_GB``) unless set; and its
-    worker binds the process to the cores it picks, sets torch's threads and replaces
+    memory share, so it is the vllm backend's CPU default (``CPU_KV_CACHE_GB``) unless set; the engine
+    runs eager there, as the vllm backend's does on a CPU build (TRL offers no setting for it; compiling
+    the model took half of a two-step test's 172 s on 2 cores, where vLLM's compile cache
+    is empty); and its worker binds the process to the cores it picks, sets torch's threads and replaces
     ``torch.set_num_threads`` with a no-op: afterwards the process's cores, torch's threads and
     ``torch.set_num_threads`` are as they were, so training, the
     executor's thread choice and whatever runs next keep the machine they had."""
@@ -218,9 +221,15 @@ def colocated_engine(use_vllm: bool):
         from propel_plugins.vllm_backend import CPU_KV_CACHE_GB
 
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(CPU_KV_CACHE_GB))  # the variable takes whole GiB
+    from trl.generation import vllm_generation
+
+    engine = vllm_generation.LLM
+    if cpu:
+        vllm_generation.LLM = functools.partial(engine, enforce_eager=True)
     try:
         yield
     finally:
+        vllm_generation.LLM = engine
         os.environ.clear()
         os.environ.update(environment)
         if cpu:
