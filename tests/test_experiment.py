@@ -324,6 +324,14 @@ def test_the_report_renders_in_a_browser_with_the_figure_on_the_first_screen(pag
             "--no-sandbox",
             "--disable-gpu",
             "--hide-scrollbars",
+            # no profile of the machine's, and none of Chromium's own network traffic: on a machine with no
+            # route out, its lookups and connections at start stalled one CI run's screenshot past the limit
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-quic",
             f"--screenshot={shot}",
             "--window-size=1000,1200",
             page.as_uri(),
