@@ -73,27 +73,6 @@ def mle_run(folder, registry, **solve_train):
     return Run(validate_config(data, registry), registry, quiet=True)
 
 
-def test_solve_train_rewards_come_from_real_executions(tmp_path, registry):
-    run = mle_run(tmp_path, registry, replay={"strategy": "top_k", "min_reward": -9.95, "comparison": ">"})
-    solve_train(run)
-    folder = tmp_path / "solve" / "trained-tasks"
-    steps = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
-    assert [step["source"] for step in steps] == ["verifier", "verifier"]
-    assert steps[-1]["verifier_calls"] == 4 and steps[-1]["verifier_calls_saved"] == 0
-    for step in steps:  # the valid-submission rate and score of every step, and the replay's bookkeeping
-        assert 0 <= step["valid_rate"] <= 1 and "verifier_score_mean" in step and "replay_admitted" in step
-        assert step["seconds_per_rollout"] > 0
-    rollouts = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
-    assert len(rollouts) == 4 and {row["source"] for row in rollouts} == {"verifier"}
-    for row in rollouts:  # each reward is what the rule makes of what the execution reached
-        expected = row["verifier_score"] if row["verifier_score"] is not None else -10 + 0.1 * len(row["markers"])
-        assert row["reward"] == pytest.approx(expected) and row["duration"] is not None
-    labels = list(iter_jsonl(folder / "verified" / "labels.jsonl", Label))
-    assert sum(len(label.attempts) for label in labels) == 4
-    per_prompt = json.loads((folder / "per_prompt.json").read_text())  # evaluated on the held-out task
-    assert per_prompt["held_out"] == [registry.domain("mle").render(TASKS[0])] and per_prompt["k"] == 1
-
-
 def planted_ranker(folder, registry):
     """A calibrated ranker from solutions of graded quality (scores planted, texts real solutions)."""
     domain = registry.domain("mle")
@@ -121,9 +100,13 @@ def planted_ranker(folder, registry):
     return folder / "ranker"
 
 
-def test_rm_grpo_switches_reward_source_on_schedule(tmp_path, registry):
+def test_rm_grpo_switches_reward_source_on_schedule_and_verified_rewards_come_from_real_executions(tmp_path, registry):
+    """Three steps of RM-GRPO (verifier, reward model, verifier) with replay: verified rewards are what
+    the rule makes of what each sandboxed execution reached, the model step runs nothing, and the
+    trained solver is evaluated on the held-out task."""
     ranker = planted_ranker(tmp_path, registry)
-    run = mle_run(tmp_path, registry, steps=3, reward_model=str(ranker), verifier_steps=1, model_steps=1)
+    replay = {"strategy": "top_k", "min_reward": -9.95, "comparison": ">"}
+    run = mle_run(tmp_path, registry, steps=3, reward_model=str(ranker), verifier_steps=1, model_steps=1, replay=replay)
     solve_train(run)
     folder = tmp_path / "solve" / "trained-tasks"
     steps = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
@@ -131,15 +114,23 @@ def test_rm_grpo_switches_reward_source_on_schedule(tmp_path, registry):
     assert [step["verifier_calls"] for step in steps] == [2, 2, 4]
     assert [step["verifier_calls_saved"] for step in steps] == [0, 2, 2]
     assert "valid_rate" in steps[0] and "valid_rate" not in steps[1]  # nothing ran on the model step
+    for step in steps[::2]:  # a verifier step's valid-submission rate and score, and the replay's bookkeeping
+        assert 0 <= step["valid_rate"] <= 1 and "verifier_score_mean" in step and "replay_admitted" in step
+    assert all(step["seconds_per_rollout"] > 0 for step in steps)
     rollouts = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
     by_step = {step: {row["source"] for row in rollouts if row["step"] == step} for step in range(3)}
     assert by_step[0] == by_step[2] == {"verifier"} and by_step[1] <= {"reward_model", "not run"}
     for row in rollouts:
+        if row["source"] == "verifier":  # each reward is what the rule makes of what the execution reached
+            expected = row["verifier_score"] if row["verifier_score"] is not None else -10 + 0.1 * len(row["markers"])
+            assert row["reward"] == pytest.approx(expected) and row["duration"] is not None
         if row["source"] == "not run":  # did not look valid: the partial reward of no marker
             assert row["reward"] == pytest.approx(-10) and row["markers"] is None
     # only verified rollouts make the corpus a ranker is refreshed on
     labels = list(iter_jsonl(folder / "verified" / "labels.jsonl", Label))
     assert sum(len(label.attempts) for label in labels) == 4
+    per_prompt = json.loads((folder / "per_prompt.json").read_text())  # evaluated on the held-out task
+    assert per_prompt["held_out"] == [registry.domain("mle").render(TASKS[0])] and per_prompt["k"] == 1
 
 
 def test_a_model_step_scores_what_looks_valid_with_the_calibrated_ranker(tmp_path, registry):
