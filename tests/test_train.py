@@ -449,3 +449,47 @@ def test_vllm_server_mode_without_cuda_is_refused_before_any_model_loads(probed_
         pytest.skip("this machine has CUDA: server mode can run")
     with pytest.raises(Exception, match=r"train\.vllm_mode: server needs CUDA GPUs"):
         _check(run.domain(), run.config.train)
+
+
+def test_grpo_that_learns_nothing_says_so(trained_run, tmp_path, caplog):
+    """A completion limit of 2 tokens cuts off every completion, so each earns the overflow reward and
+    every group is of one reward: after STALL_STEPS steps training says so in one line naming the
+    setting, the reward log and the report show it, and the closing line says the reward never moved."""
+    from propel_core.stages.report import training_section
+    from propel_core.training.feedback import STALL_STEPS, reward_never_moved
+
+    probed_run, _ = trained_run
+    settings = probed_run.config.train.model_dump(mode="json") | {"steps": STALL_STEPS, "max_completion_length": 2}
+    run = with_config(probed_run, train=settings)
+    folder = tmp_path / "train"
+    with caplog.at_level("WARNING", logger="propel"):
+        train_in(run, folder)
+    said = [record.getMessage() for record in caplog.records if "length limit" in record.getMessage()]
+    assert len(said) == 1 and "raise train.max_completion_length" in said[0], said
+    assert f"steps 1-{STALL_STEPS} 100% or more of the completions hit the length limit (2 tokens)" in said[0]
+    entries = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
+    assert [entry["cut_off"] for entry in entries] == [1.0] * STALL_STEPS
+    assert [entry["degenerate_groups"] for entry in entries] == [1.0] * STALL_STEPS
+    assert [bool(entry.get("alarm")) for entry in entries] == [False] * (STALL_STEPS - 1) + [True]
+    assert "Alarm: train: in steps 1-" in training_section(tmp_path)
+    assert reward_never_moved(folder / "reward_log.jsonl").startswith("the reward never moved: every completion")
+    assert reward_never_moved(probed_run.dir / "train" / "reward_log.jsonl") is None  # a training that moved
+
+
+def test_the_alarm_waits_for_steps_in_a_row_and_names_the_cause():
+    """Signs below the share, or a streak broken, say nothing; a streak of groups of one reward names
+    group size, and says so once a streak."""
+    from propel_core.training.feedback import STALL_STEPS, Stall
+
+    stall = Stall("solve_train", group_size=2, limit=4)
+    short, long = [[1, 2]] * 4, [[1, 2, 3, 4]] * 4
+    varied, flat = [0.0, 1.0, 0.0, 1.0], [0.5, 0.5, 1.0, 1.0]
+    assert stall.signs(varied, long) == {"cut_off": 1.0, "degenerate_groups": 0.0}
+    assert stall.signs(flat, short) == {"cut_off": 0.0, "degenerate_groups": 1.0}
+    said = [stall.alarm(step, stall.signs(flat, short)) for step in range(STALL_STEPS - 1)]
+    said.append(stall.alarm(STALL_STEPS - 1, stall.signs(varied, short)))  # the streak breaks
+    said += [stall.alarm(step, stall.signs(flat, short)) for step in range(STALL_STEPS, 3 * STALL_STEPS)]
+    alarms = [(step, line) for step, line in enumerate(said) if line]
+    assert len(alarms) == 1 and alarms[0][0] == 2 * STALL_STEPS - 1, alarms
+    assert "all 2 of their completions one reward" in alarms[0][1] and "raise solve_train.group_size" in alarms[0][1]
+    assert Stall("train", None, None).signs(flat, None) == {}

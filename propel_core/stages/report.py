@@ -333,7 +333,8 @@ def training_section(root: Path) -> str:
     entries = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     curves = root / "train" / "curves.png"
     training_curves(curves, entries)
-    section = rules_line(entries) + image(curves, "training curves") + audit_section(root / "train", entries)
+    section = rules_line(entries) + alarms(entries) + image(curves, "training curves")
+    section += audit_section(root / "train", entries)
     return section + completions_table(root / "train" / COMPLETIONS)
 
 
@@ -397,6 +398,13 @@ def rules_line(entries: list[dict]) -> str:
     return f"<p>Rewarded by {', '.join(parts)}{warning}.</p>"
 
 
+def alarms(entries: list[dict]) -> str:
+    """The alarms training raised (most completions cut off, or most groups of one reward, for steps in
+    a row), as it said them."""
+    said = [entry["alarm"] for entry in entries if entry.get("alarm")]
+    return "".join(f"<p class='missing'>Alarm: {html.escape(line)}</p>" for line in said)
+
+
 def completions_table(path: Path) -> str:
     """The last reward call's sampled completions with their rewards (``train/completions.jsonl``)."""
     if not path.exists():
@@ -438,6 +446,8 @@ def training_curves(path: Path, entries: list[dict]) -> None:
     reward_axis.set_xlabel("reward call")
     rate_axis.plot(calls, [e["validity_rate"] for e in entries], marker="o", label="validity rate")
     rate_axis.plot(calls, [e["degenerate_groups"] for e in entries], marker="s", label="degenerate groups")
+    if all("cut_off" in e for e in entries):  # logs written before it was recorded have none
+        rate_axis.plot(calls, [e["cut_off"] for e in entries], marker="^", label="cut off at the length limit")
     rate_axis.set_ylim(-0.05, 1.05)
     rate_axis.set_xlabel("reward call")
     rate_axis.legend()

@@ -3,13 +3,20 @@ whether it rewards the generator's tasks or the solver's answers."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from propel_core.backend import prefill as prompt_prefill
 from propel_core.contracts import ContextSampler
 from propel_core.records import Context, JsonlWriter
+from propel_core.run import log
 from propel_core.training.replay import ReplayBuffer
+
+#: a step's batch shows GRPO learning nothing when at least this share of its completions hit the
+#: length limit, or of its groups gave all their completions one reward; so many steps in a row, and
+#: the training says so
+STALL_SHARE, STALL_STEPS = 0.5, 3
 
 if TYPE_CHECKING:
     pass
@@ -25,6 +32,68 @@ def generations(prompts, completions, prefill) -> list[str]:
     return [start + completion_text(completion) for start, completion in zip(starts, completions, strict=True)]
 
 
+class Stall:
+    """Watches each step's batch for the two ways GRPO learns nothing, and raises the alarm when one
+    lasts ``STALL_STEPS`` steps in a row: most completions cut off at the length limit (each earns the
+    overflow reward, whatever it says), or most groups whose completions all earned one reward (the
+    advantage is zero there, so no gradient). ``section`` names the config section whose settings
+    the alarm points to (``train``, ``solve_train``); ``group_size`` and ``limit`` (tokens) are that
+    training's, and a sign whose number is None is not watched."""
+
+    def __init__(self, section: str, group_size: int | None, limit: int | None):
+        self.section, self.group_size, self.limit = section, group_size, limit
+        self.streaks: dict[str, list[tuple[int, float]]] = {"cut_off": [], "degenerate_groups": []}
+
+    def signs(self, rewards: list[float], completion_ids) -> dict[str, float]:
+        """The batch's share of completions cut off at the limit, and of groups of one reward."""
+        out = {}
+        if self.limit is not None and completion_ids:
+            out["cut_off"] = sum(len(ids) >= self.limit for ids in completion_ids) / len(completion_ids)
+        if self.group_size:
+            groups = [rewards[i : i + self.group_size] for i in range(0, len(rewards), self.group_size)]
+            out["degenerate_groups"] = sum(len(set(group)) == 1 for group in groups) / len(groups)
+        return out
+
+    def alarm(self, step: int, signs: dict[str, float]) -> str | None:
+        """The line to say when a sign has just lasted ``STALL_STEPS`` steps (the cut-off first: it
+        makes groups of one reward too), else None; once a streak, again if it ends and comes back."""
+        for sign, streak in self.streaks.items():
+            if signs.get(sign, 0.0) >= STALL_SHARE:
+                streak.append((step, signs[sign]))
+            else:
+                streak.clear()
+        for sign, streak in self.streaks.items():
+            if len(streak) != STALL_STEPS:
+                continue
+            steps, least = f"steps {streak[0][0] + 1}-{streak[-1][0] + 1}", min(share for _, share in streak)
+            if sign == "cut_off":
+                return (
+                    f"{self.section}: in {steps} {least:.0%} or more of the completions hit the length limit "
+                    f"({self.limit} tokens) and earned the overflow reward whatever they said, so GRPO has little "
+                    f"to learn from; raise {self.section}.max_completion_length"
+                )
+            return (
+                f"{self.section}: in {steps} {least:.0%} or more of the groups gave all {self.group_size} of their "
+                f"completions one reward, where GRPO's advantage is zero and nothing is learned; raise "
+                f"{self.section}.group_size or the sampling temperature, or look at what the rule pays "
+                "(reward_log.jsonl)"
+            )
+        return None
+
+
+def reward_never_moved(log_path: Path) -> str | None:
+    """A sentence for the end of a training whose every step gave every completion the same reward
+    (``log_path``: its reward_log.jsonl), else None."""
+    entries = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    means = {entry["reward_mean"] for entry in entries}
+    if not entries or len(means) > 1 or any(entry["reward_std"] > 0 for entry in entries):
+        return None
+    return (
+        f"the reward never moved: every completion of all {len(entries)} steps earned {means.pop():.3g}, so "
+        "GRPO learned nothing (the alarms above, and reward_log.jsonl, say why)"
+    )
+
+
 class FeedsBack:
     """What every reward function of a GRPO run gives back once it has scored a batch, whatever it
     scores with: the rewards to the context sampler (``sampler``, by ``contexts``), the fresh
@@ -36,6 +105,7 @@ class FeedsBack:
     replay: ReplayBuffer | None
     log_path: Path | None
     calls: int
+    stall: Stall
 
     def step(self, trainer_state) -> int:
         """The optimizer step this call scores for (and count the call)."""
@@ -51,8 +121,14 @@ class FeedsBack:
             return 0
         return self.replay.offer(step, prompts, completions, completion_ids, rewards)
 
-    def write_log(self, entry: dict[str, Any], replayed: int) -> None:
-        """Add the replay buffer's and the sampler's numbers to ``entry`` and append it to the log."""
+    def write_log(self, entry: dict[str, Any], replayed: int, rewards: list[float], completion_ids) -> None:
+        """Add the batch's stall signs (and the alarm, said in one line, when one has lasted), the replay
+        buffer's and the sampler's numbers to ``entry`` and append it to the log."""
+        entry |= self.stall.signs(rewards, completion_ids)
+        alarm = self.stall.alarm(entry["step"], entry)
+        if alarm is not None:
+            log.warning("%s", alarm)
+            entry["alarm"] = alarm
         if self.replay is not None:
             entry |= {"replayed": replayed, "replay_admitted": self.replay.admitted}
         if self.sampler is not None and hasattr(self.sampler, "diagnostics"):

@@ -16,6 +16,7 @@ from propel_core.records import Context, Label, Task
 from propel_core.run import Run, log
 from propel_core.training.audit import Audit, audited
 from propel_core.training.checkpoints import keep_steps_before, prepare_folder, step_of, train_and_save
+from propel_core.training.feedback import reward_never_moved
 from propel_core.training.generator_reward import COMPLETIONS, main_probe, reward_scorer
 from propel_core.training.replay import ReplayBuffer, replaying
 from propel_core.training.trainer import (
@@ -96,9 +97,10 @@ def train_generator(
     if not _audited_training(run, trainer, folder, checkpoint, audit):
         return
     rewards = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
+    still = reward_never_moved(folder / "reward_log.jsonl")
     run.say(
         f"trained {trainer.state.global_step} steps; reward mean first {rewards[0]['reward_mean']:.3f}, "
-        f"last {rewards[-1]['reward_mean']:.3f}; adapter in {folder / 'adapter'}"
+        f"last {rewards[-1]['reward_mean']:.3f}; adapter in {folder / 'adapter'}" + (f"; {still}" if still else "")
     )
 
 

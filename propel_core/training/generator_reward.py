@@ -21,7 +21,7 @@ from propel_core.errors import PropelError
 from propel_core.probes.bundles import ProbeScorer, load_probe
 from propel_core.provenance import folder_digest
 from propel_core.records import Context, JsonlWriter, Label, Task
-from propel_core.training.feedback import FeedsBack, generations
+from propel_core.training.feedback import FeedsBack, Stall, generations
 from propel_core.training.replay import ReplayBuffer
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class RewardScorer(FeedsBack):
             raise PropelError("the reward rule reads live solver utility, but no solver was given")
         self.overflow_reward, self.max_completion_length = overflow_reward, max_completion_length
         self.group_size, self.solve = group_size, solve
+        self.stall = Stall("train", group_size, max_completion_length)
         self.log_path = log_path
         self.sampler, self.replay = sampler, replay
         self.calls = 0
@@ -112,7 +113,7 @@ class RewardScorer(FeedsBack):
             self.overflow_reward if overflowed[i] else self.rule(task, scores[i]) for i, task in enumerate(tasks)
         ]
         replayed = self.feed_back(step, prompts, completions, completion_ids, context_id, rewards)
-        self.log(step, tasks, rewards, scores, replayed)
+        self.log(step, tasks, rewards, scores, replayed, completion_ids)
         if self.log_path is not None:
             with JsonlWriter(self.log_path.with_name(COMPLETIONS), fsync=False) as out:
                 out.write(self.sample(step, tasks, rewards, scores, overflowed))
@@ -169,25 +170,25 @@ class RewardScorer(FeedsBack):
             if len(per_probe) > 1:
                 out[i]["auxiliary_logit"] = per_probe[1][position]["logit"]
 
-    def log(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], replayed: int = 0) -> None:
-        """Reward mean/std, validity rate, degenerate groups (all rewards equal), probe score spread,
-        and the solver runs the call spent when the rule reads live solver utility."""
-        group = self.group_size
-        groups = [rewards[i : i + group] for i in range(0, len(rewards), group)]
+    def log(
+        self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], replayed=0, completion_ids=None
+    ) -> None:
+        """Reward mean/std, validity rate, probe score spread, and the solver runs the call spent when
+        the rule reads live solver utility (and what ``write_log`` adds: degenerate groups, where all
+        rewards are equal, completions cut off at the length limit, the alarm)."""
         probabilities = [s["probability"] for s in scores if "probability" in s]
         entry = {
             "step": step,
             "reward_mean": statistics.fmean(rewards),
             "reward_std": statistics.pstdev(rewards),
             "validity_rate": sum(task.validity.valid for task in tasks) / len(tasks),
-            "degenerate_groups": sum(len(set(g)) == 1 for g in groups) / len(groups),
             "probe_probability_mean": statistics.fmean(probabilities) if probabilities else None,
             "probe_probability_std": statistics.pstdev(probabilities) if probabilities else None,
         }
         if "solver_utility" in self.needs:
             entry["solver_attempts"] = self.solver_attempts
         entry |= {"rule": self.rule_name, "rule_options": self.rule_options}
-        self.write_log(entry, replayed)
+        self.write_log(entry, replayed, rewards, completion_ids)
 
     def sample(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], overflowed: list[bool]):
         """``SAMPLED`` of the call's completions, spread over the batch, with their rewards (and whether

@@ -14,7 +14,7 @@ from propel_core.contracts import ContextSampler, RewardRule
 from propel_core.domain import Domain
 from propel_core.errors import PropelError
 from propel_core.records import Context, JsonlWriter, Label, SolverAttempt, Task, Validity, encode
-from propel_core.training.feedback import FeedsBack, generations
+from propel_core.training.feedback import FeedsBack, Stall, generations
 from propel_core.training.replay import ReplayBuffer
 
 if TYPE_CHECKING:
@@ -52,6 +52,8 @@ class SolverRewards(FeedsBack):
         contexts: dict[str, Context] | None = None,
         replay: ReplayBuffer | None = None,
         track: Callable[[dict[str, Any], int], None] | None = None,
+        group_size: int | None = None,
+        max_completion_length: int | None = None,
     ):
         if rule is not None and not rule.needs <= {"markers", "verifier_score"}:
             raise PropelError(
@@ -70,6 +72,7 @@ class SolverRewards(FeedsBack):
         self.sampler, self.contexts, self.replay, self.track = sampler, contexts or {}, replay, track
         self.rollouts, self.log_path = folder / "rollouts.jsonl", folder / "reward_log.jsonl"
         self.calls = 0
+        self.stall = Stall("solve_train", group_size, max_completion_length)
         self.verifier_calls = self.verifier_calls_saved = 0
         logged = self.log_path.read_text().splitlines() if self.log_path.exists() else []
         if logged:  # a resumed run (its log cut back to whole steps before it) goes on counting
@@ -104,7 +107,7 @@ class SolverRewards(FeedsBack):
             details = [{} for _ in texts]
         replayed = self.feed_back(step, prompts, completions, completion_ids, context_id, rewards)
         self.write(step, tasks, texts, rewards, sources, details)
-        self.log(step, rewards, sources, graded, replayed, time.monotonic() - started)
+        self.log(step, rewards, sources, graded, replayed, time.monotonic() - started, completion_ids)
         return rewards
 
     def verified(self, graded: list[SolverAttempt]) -> list[float]:
@@ -142,9 +145,10 @@ class SolverRewards(FeedsBack):
                 row = {"step": step, "task_id": task.id, "source": source, "reward": reward, "text": text}
                 out.write(row | {key: found.get(key) for key in ROLLOUT_FIELDS})
 
-    def log(self, step, rewards, sources, graded, replayed: int, seconds: float) -> None:
+    def log(self, step, rewards, sources, graded, replayed: int, seconds: float, completion_ids=None) -> None:
         """This step's numbers: reward mean and spread, where rewards came from, and on verifier steps
-        the valid-submission rate, the mean verifier score of valid rollouts, seconds per rollout."""
+        the valid-submission rate, the mean verifier score of valid rollouts, seconds per rollout (and
+        what ``write_log`` adds: groups of one reward, completions cut off, the alarm)."""
         entry: dict[str, Any] = {
             "step": step,
             "source": self.source(step),
@@ -166,7 +170,7 @@ class SolverRewards(FeedsBack):
                 "solved_rate": sum(bool(a.solved) for a in gradable) / len(gradable) if gradable else None,
                 "ungradable": len(graded) - len(gradable),
             }
-        self.write_log(entry, replayed)
+        self.write_log(entry, replayed, rewards, completion_ids)
         if self.track is not None:
             self.track({k: v for k, v in entry.items() if isinstance(v, int | float) and k != "step"}, step)
 
