@@ -259,6 +259,12 @@ class TrainConfig(Section):
         "colocate", description="TRL's vLLM generation: in the training process, or a `trl vllm-serve` server"
     )
     vllm_server_base_url: str | None = None
+    vllm_enforce_eager: bool | None = Field(
+        None,
+        description="colocate mode: TRL's vLLM engine runs eager (no compilation, no CUDA graphs); null: eager on "
+        "a CPU build (compiling took about 90 s at start and paid back after about 7 steps on 2 cores), vLLM's "
+        "default on a GPU",
+    )
     replay: ReplayConfig = ReplayConfig()
     audit: AuditConfig = AuditConfig()
 

@@ -493,3 +493,22 @@ def test_the_alarm_waits_for_steps_in_a_row_and_names_the_cause():
     assert len(alarms) == 1 and alarms[0][0] == 2 * STALL_STEPS - 1, alarms
     assert "all 2 of their completions one reward" in alarms[0][1] and "raise solve_train.group_size" in alarms[0][1]
     assert Stall("train", None, None).signs(flat, None) == {}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/setup.sh)")
+def test_the_colocated_engine_is_eager_where_the_setting_says():
+    """On a CPU build TRL's engine is built eager unless train.vllm_enforce_eager says false; TRL's
+    own LLM is back once the trainer is built, and nothing changes without use_vllm."""
+    from trl.generation import vllm_generation
+
+    from propel_core.training.generator import colocated_engine
+
+    engine, cpu = vllm_generation.LLM, not torch.cuda.is_available()
+    for use_vllm, setting, eager in [(True, None, cpu), (True, True, True), (True, False, False), (False, True, False)]:
+        with colocated_engine(use_vllm, setting):
+            built = vllm_generation.LLM
+            if eager:
+                assert built.func is engine and built.keywords == {"enforce_eager": True}
+            else:
+                assert built is engine
+        assert vllm_generation.LLM is engine

@@ -79,7 +79,7 @@ def train_generator(
         reward_funcs.append(
             get_soft_overlong_punishment(train_config.max_completion_length, train_config.overlong_buffer)
         )
-    with colocated_engine(train_config.use_vllm):
+    with colocated_engine(train_config.use_vllm, train_config.vllm_enforce_eager):
         trainer = trainer_class(
             model=policy,
             reward_funcs=reward_funcs,
@@ -195,7 +195,7 @@ def _grpo_arguments(run: Run, folder: Path, train_config: TrainConfig, seed: int
 
 
 @contextlib.contextmanager
-def colocated_engine(use_vllm: bool):
+def colocated_engine(use_vllm: bool, enforce_eager: bool | None = None):
     """While TRL builds its colocated vLLM engine, in this process.
 
     TRL sets the distributed variables (``RANK``, ``WORLD_SIZE``, ``MASTER_PORT``, ...) for vLLM, and
@@ -203,9 +203,9 @@ def colocated_engine(use_vllm: bool):
     server, an audit's, the next stage's) is not taken for a rank of a distributed run. Without CUDA,
     vLLM's CPU build sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB), not from TRL's GPU
     memory share, so it is the vllm backend's CPU default (``CPU_KV_CACHE_GB``) unless set; the engine
-    runs eager there, as the vllm backend's does on a CPU build (TRL offers no setting for it; compiling
-    the model took half of a two-step test's 172 s on 2 cores, where vLLM's compile cache
-    is empty); and its worker binds the process to the cores it picks, sets torch's threads and replaces
+    runs eager where ``enforce_eager`` says, by default on a CPU build, as the vllm backend's does there
+    (TRL has no setting for it: its ``LLM`` is given the argument while the trainer is built); and its
+    worker binds the process to the cores it picks, sets torch's threads and replaces
     ``torch.set_num_threads`` with a no-op: afterwards the process's cores, torch's threads and
     ``torch.set_num_threads`` are as they were, so training, the
     executor's thread choice and whatever runs next keep the machine they had."""
@@ -226,7 +226,7 @@ def colocated_engine(use_vllm: bool):
     from trl.generation import vllm_generation
 
     engine = vllm_generation.LLM
-    if cpu:
+    if enforce_eager or (enforce_eager is None and cpu):
         vllm_generation.LLM = functools.partial(engine, enforce_eager=True)
     try:
         yield
