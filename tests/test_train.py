@@ -454,7 +454,8 @@ def test_vllm_server_mode_without_cuda_is_refused_before_any_model_loads(probed_
 def test_grpo_that_learns_nothing_says_so(trained_run, tmp_path, caplog):
     """A completion limit of 2 tokens cuts off every completion, so each earns the overflow reward and
     every group is of one reward: after STALL_STEPS steps training says so in one line naming the
-    setting, the reward log and the report show it, and the closing line says the reward never moved."""
+    setting, the reward log and the report show it, and the reward log reads as one that never moved
+    (the sentence the closing line ends with)."""
     from propel_core.stages.report import training_section
     from propel_core.training.feedback import STALL_STEPS, reward_never_moved
 
@@ -493,6 +494,21 @@ def test_the_alarm_waits_for_steps_in_a_row_and_names_the_cause():
     assert len(alarms) == 1 and alarms[0][0] == 2 * STALL_STEPS - 1, alarms
     assert "all 2 of their completions one reward" in alarms[0][1] and "raise solve_train.group_size" in alarms[0][1]
     assert Stall("train", None, None).signs(flat, None) == {}
+
+
+def test_a_resumed_training_takes_up_its_streaks_from_the_reward_log(tmp_path):
+    """A streak already said before the checkpoint is not said again after a resume; one that spans
+    the resume is said on the step that completes it."""
+    from propel_core.training.feedback import STALL_STEPS, Stall
+
+    log_path = tmp_path / "reward_log.jsonl"
+    stalled = {"cut_off": 1.0, "degenerate_groups": 1.0}
+    for logged, said_at in [(STALL_STEPS, None), (STALL_STEPS - 1, STALL_STEPS - 1)]:
+        log_path.write_text("".join(json.dumps({"step": step} | stalled) + "\n" for step in range(logged)))
+        stall = Stall("train", group_size=4, limit=2)
+        stall.resume(log_path)
+        said = {step: stall.alarm(step, stalled) for step in range(logged, logged + 2)}
+        assert [step for step, line in said.items() if line] == ([] if said_at is None else [said_at])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/setup.sh)")

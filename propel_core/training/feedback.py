@@ -34,8 +34,8 @@ def generations(prompts, completions, prefill) -> list[str]:
 
 class Stall:
     """Watches each step's batch for the two ways GRPO learns nothing, and raises the alarm when one
-    lasts ``STALL_STEPS`` steps in a row: most completions cut off at the length limit (each earns the
-    overflow reward, whatever it says), or most groups whose completions all earned one reward (the
+    lasts ``STALL_STEPS`` steps in a row: most completions cut off at the length limit (the generator's
+    then earn the overflow reward, whatever they say), or most groups whose completions all earned one reward (the
     advantage is zero there, so no gradient). ``section`` names the config section whose settings
     the alarm points to (``train``, ``solve_train``); ``group_size`` and ``limit`` (tokens) are that
     training's, and a sign whose number is None is not watched."""
@@ -54,6 +54,15 @@ class Stall:
             out["degenerate_groups"] = sum(len(set(group)) == 1 for group in groups) / len(groups)
         return out
 
+    def resume(self, log_path: Path) -> None:
+        """Take up the streaks of a resumed training from its reward log (cut back to the steps before
+        its checkpoint): a streak already said is not said again, and one that spans the resume goes on."""
+        if log_path.exists():
+            for line in log_path.read_text().splitlines():
+                if line.strip():
+                    entry = json.loads(line)
+                    self.alarm(entry["step"], entry)
+
     def alarm(self, step: int, signs: dict[str, float]) -> str | None:
         """The line to say when a sign has just lasted ``STALL_STEPS`` steps (the cut-off first: it
         makes groups of one reward too), else None; once a streak, again if it ends and comes back."""
@@ -69,8 +78,8 @@ class Stall:
             if sign == "cut_off":
                 return (
                     f"{self.section}: in {steps} {least:.0%} or more of the completions hit the length limit "
-                    f"({self.limit} tokens) and earned the overflow reward whatever they said, so GRPO has little "
-                    f"to learn from; raise {self.section}.max_completion_length"
+                    f"({self.limit} tokens) and were cut off before they finished, so GRPO has little to learn "
+                    f"from; raise {self.section}.max_completion_length"
                 )
             return (
                 f"{self.section}: in {steps} {least:.0%} or more of the groups gave all {self.group_size} of their "

@@ -61,6 +61,7 @@ def train_generator(
     scorer.log_path = folder / "reward_log.jsonl"
     for log_path in (scorer.log_path, folder / COMPLETIONS):
         keep_steps_before(log_path, step_of(checkpoint))
+    scorer.stall.resume(scorer.log_path)
     if audit is not None:
         audit.start(step_of(checkpoint))
         scorer.audit = audit
@@ -225,13 +226,14 @@ def colocated_engine(use_vllm: bool, enforce_eager: bool | None = None):
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(CPU_KV_CACHE_GB))  # the variable takes whole GiB
     from trl.generation import vllm_generation
 
-    engine = vllm_generation.LLM
-    if enforce_eager or (enforce_eager is None and cpu):
-        vllm_generation.LLM = functools.partial(engine, enforce_eager=True)
+    engine = getattr(vllm_generation, "LLM", None)  # none without vLLM: TRL then says to install it
     try:
+        if engine is not None and (enforce_eager or (enforce_eager is None and cpu)):
+            vllm_generation.LLM = functools.partial(engine, enforce_eager=True)
         yield
     finally:
-        vllm_generation.LLM = engine
+        if engine is not None:
+            vllm_generation.LLM = engine
         os.environ.clear()
         os.environ.update(environment)
         if cpu:

@@ -73,6 +73,7 @@ class SolverRewards(FeedsBack):
         self.rollouts, self.log_path = folder / "rollouts.jsonl", folder / "reward_log.jsonl"
         self.calls = 0
         self.stall = Stall("solve_train", group_size, max_completion_length)
+        self.stall.resume(self.log_path)
         self.verifier_calls = self.verifier_calls_saved = 0
         logged = self.log_path.read_text().splitlines() if self.log_path.exists() else []
         if logged:  # a resumed run (its log cut back to whole steps before it) goes on counting

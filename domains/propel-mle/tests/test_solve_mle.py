@@ -114,10 +114,11 @@ def test_rm_grpo_switches_reward_source_on_schedule_and_verified_rewards_come_fr
     assert [step["verifier_calls"] for step in steps] == [2, 2, 4]
     assert [step["verifier_calls_saved"] for step in steps] == [0, 2, 2]
     assert "valid_rate" in steps[0] and "valid_rate" not in steps[1]  # nothing ran on the model step
-    for step in steps[::2]:  # a verifier step's valid-submission rate and score, and the replay's bookkeeping
-        assert 0 <= step["valid_rate"] <= 1 and "verifier_score_mean" in step and "replay_admitted" in step
-    assert all(step["seconds_per_rollout"] > 0 for step in steps)
+    for step in steps[::2]:  # a verifier step's valid-submission rate and score
+        assert 0 <= step["valid_rate"] <= 1 and "verifier_score_mean" in step
+    assert all(step["seconds_per_rollout"] > 0 and "replay_admitted" in step for step in steps)
     rollouts = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+    assert [sum(row["step"] == step for row in rollouts) for step in range(3)] == [2, 2, 2]
     by_step = {step: {row["source"] for row in rollouts if row["step"] == step} for step in range(3)}
     assert by_step[0] == by_step[2] == {"verifier"} and by_step[1] <= {"reward_model", "not run"}
     for row in rollouts:
