@@ -457,7 +457,7 @@ def test_grpo_that_learns_nothing_says_so(trained_run, tmp_path, caplog):
     setting, the reward log and the report show it, and the reward log reads as one that never moved
     (the sentence the closing line ends with)."""
     from propel_core.stages.report import training_section
-    from propel_core.training.feedback import STALL_STEPS, reward_never_moved
+    from propel_core.training.feedback import STALL_STEPS, logged_steps, reward_never_moved
 
     probed_run, _ = trained_run
     settings = probed_run.config.train.model_dump(mode="json") | {"steps": STALL_STEPS, "max_completion_length": 2}
@@ -473,8 +473,8 @@ def test_grpo_that_learns_nothing_says_so(trained_run, tmp_path, caplog):
     assert [entry["degenerate_groups"] for entry in entries] == [1.0] * STALL_STEPS
     assert [bool(entry.get("alarm")) for entry in entries] == [False] * (STALL_STEPS - 1) + [True]
     assert "Alarm: train: in steps 1-" in training_section(tmp_path)
-    assert reward_never_moved(folder / "reward_log.jsonl").startswith("the reward never moved: every completion")
-    assert reward_never_moved(probed_run.dir / "train" / "reward_log.jsonl") is None  # a training that moved
+    assert reward_never_moved(entries).startswith("the reward never moved: every completion")
+    assert reward_never_moved(logged_steps(probed_run.dir / "train" / "reward_log.jsonl")) is None  # it moved
 
 
 def test_the_alarm_waits_for_steps_in_a_row_and_names_the_cause():
@@ -499,14 +499,14 @@ def test_the_alarm_waits_for_steps_in_a_row_and_names_the_cause():
 def test_a_resumed_training_takes_up_its_streaks_from_the_reward_log(tmp_path):
     """A streak already said before the checkpoint is not said again after a resume; one that spans
     the resume is said on the step that completes it."""
-    from propel_core.training.feedback import STALL_STEPS, Stall
+    from propel_core.training.feedback import STALL_STEPS, Stall, logged_steps
 
     log_path = tmp_path / "reward_log.jsonl"
     stalled = {"cut_off": 1.0, "degenerate_groups": 1.0}
     for logged, said_at in [(STALL_STEPS, None), (STALL_STEPS - 1, STALL_STEPS - 1)]:
         log_path.write_text("".join(json.dumps({"step": step} | stalled) + "\n" for step in range(logged)))
         stall = Stall("train", group_size=4, limit=2)
-        stall.resume(log_path)
+        stall.resume(logged_steps(log_path))
         said = {step: stall.alarm(step, stalled) for step in range(logged, logged + 2)}
         assert [step for step, line in said.items() if line] == ([] if said_at is None else [said_at])
 

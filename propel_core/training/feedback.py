@@ -44,24 +44,28 @@ class Stall:
         self.section, self.group_size, self.limit = section, group_size, limit
         self.streaks: dict[str, list[tuple[int, float]]] = {"cut_off": [], "degenerate_groups": []}
 
+    def cut_off(self, completion_ids) -> list[bool]:
+        """Which completions the length limit cut off (none known without their token ids)."""
+        if self.limit is None:
+            return []
+        return [ids is not None and len(ids) >= self.limit for ids in completion_ids or []]
+
     def signs(self, rewards: list[float], completion_ids) -> dict[str, float]:
         """The batch's share of completions cut off at the limit, and of groups of one reward."""
         out = {}
-        if self.limit is not None and completion_ids:
-            out["cut_off"] = sum(len(ids) >= self.limit for ids in completion_ids) / len(completion_ids)
+        if cut := self.cut_off(completion_ids):
+            out["cut_off"] = sum(cut) / len(cut)
         if self.group_size:
             groups = [rewards[i : i + self.group_size] for i in range(0, len(rewards), self.group_size)]
             out["degenerate_groups"] = sum(len(set(group)) == 1 for group in groups) / len(groups)
         return out
 
-    def resume(self, log_path: Path) -> None:
-        """Take up the streaks of a resumed training from its reward log (cut back to the steps before
-        its checkpoint): a streak already said is not said again, and one that spans the resume goes on."""
-        if log_path.exists():
-            for line in log_path.read_text().splitlines():
-                if line.strip():
-                    entry = json.loads(line)
-                    self.alarm(entry["step"], entry)
+    def resume(self, entries: list[dict]) -> None:
+        """Take up the streaks of a resumed training from its reward log's ``entries`` (cut back to the
+        steps before its checkpoint): a streak already said is not said again, and one that spans the
+        resume goes on."""
+        for entry in entries:
+            self.alarm(entry["step"], entry)
 
     def alarm(self, step: int, signs: dict[str, float]) -> str | None:
         """The line to say when a sign has just lasted ``STALL_STEPS`` steps (the cut-off first: it
@@ -90,10 +94,15 @@ class Stall:
         return None
 
 
-def reward_never_moved(log_path: Path) -> str | None:
+def logged_steps(log_path: Path) -> list[dict]:
+    """The entries of a training's reward log, one a step (none where there is no log yet)."""
+    lines = log_path.read_text().splitlines() if log_path.exists() else []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def reward_never_moved(entries: list[dict]) -> str | None:
     """A sentence for the end of a training whose every step gave every completion the same reward
-    (``log_path``: its reward_log.jsonl), else None."""
-    entries = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    (``entries``: its reward log's), else None."""
     means = {entry["reward_mean"] for entry in entries}
     if not entries or len(means) > 1 or any(entry["reward_std"] > 0 for entry in entries):
         return None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from propel_core.records import Context, Label, Task
 from propel_core.run import Run, log
 from propel_core.training.audit import Audit, audited
 from propel_core.training.checkpoints import keep_steps_before, prepare_folder, step_of, train_and_save
-from propel_core.training.feedback import reward_never_moved
+from propel_core.training.feedback import logged_steps, reward_never_moved
 from propel_core.training.generator_reward import COMPLETIONS, main_probe, reward_scorer
 from propel_core.training.replay import ReplayBuffer, replaying
 from propel_core.training.trainer import (
@@ -61,7 +60,7 @@ def train_generator(
     scorer.log_path = folder / "reward_log.jsonl"
     for log_path in (scorer.log_path, folder / COMPLETIONS):
         keep_steps_before(log_path, step_of(checkpoint))
-    scorer.stall.resume(scorer.log_path)
+    scorer.stall.resume(logged_steps(scorer.log_path))
     if audit is not None:
         audit.start(step_of(checkpoint))
         scorer.audit = audit
@@ -97,8 +96,8 @@ def train_generator(
     log.info("GRPO: %d steps, %d prompts x %d generations each", train_config.steps, prompts, train_config.group_size)
     if not _audited_training(run, trainer, folder, checkpoint, audit):
         return
-    rewards = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
-    still = reward_never_moved(folder / "reward_log.jsonl")
+    rewards = logged_steps(folder / "reward_log.jsonl")
+    still = reward_never_moved(rewards)
     run.say(
         f"trained {trainer.state.global_step} steps; reward mean first {rewards[0]['reward_mean']:.3f}, "
         f"last {rewards[-1]['reward_mean']:.3f}; adapter in {folder / 'adapter'}" + (f"; {still}" if still else "")

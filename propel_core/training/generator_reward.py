@@ -107,8 +107,7 @@ class RewardScorer(FeedsBack):
         scores = self.scores(tasks)
         if self.audit is not None:
             self.audit.offer(step, tasks, [score.get("probability") for score in scores])
-        overflowed = [ids is not None and len(ids) >= self.max_completion_length for ids in completion_ids or []]
-        overflowed = overflowed or [False] * len(tasks)
+        overflowed = self.stall.cut_off(completion_ids) or [False] * len(tasks)
         rewards = [
             self.overflow_reward if overflowed[i] else self.rule(task, scores[i]) for i, task in enumerate(tasks)
         ]

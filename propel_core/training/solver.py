@@ -16,7 +16,7 @@ from propel_core.domain import Domain
 from propel_core.execution import graded_texts
 from propel_core.records import Context, SolverAttempt, Task
 from propel_core.training.checkpoints import keep_steps_before, step_of, train_and_save
-from propel_core.training.feedback import reward_never_moved
+from propel_core.training.feedback import logged_steps, reward_never_moved
 from propel_core.training.replay import ReplayBuffer, replaying
 from propel_core.training.solver_reward import SolverRewards
 from propel_core.training.trainer import load_policy, lora_config, sampled_prompts, trainer_arguments
@@ -107,7 +107,7 @@ def train_solver(
         peft_config=lora_config(lora),
     )
     train_and_save(trainer, folder, checkpoint)
-    if (still := reward_never_moved(reward.log_path)) is not None:
+    if (still := reward_never_moved(logged_steps(reward.log_path))) is not None:
         run.say(f"solve_train {options.name}: {still}")
 
 

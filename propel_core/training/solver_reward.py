@@ -14,7 +14,7 @@ from propel_core.contracts import ContextSampler, RewardRule
 from propel_core.domain import Domain
 from propel_core.errors import PropelError
 from propel_core.records import Context, JsonlWriter, Label, SolverAttempt, Task, Validity, encode
-from propel_core.training.feedback import FeedsBack, Stall, generations
+from propel_core.training.feedback import FeedsBack, Stall, generations, logged_steps
 from propel_core.training.replay import ReplayBuffer
 
 if TYPE_CHECKING:
@@ -73,11 +73,11 @@ class SolverRewards(FeedsBack):
         self.rollouts, self.log_path = folder / "rollouts.jsonl", folder / "reward_log.jsonl"
         self.calls = 0
         self.stall = Stall("solve_train", group_size, max_completion_length)
-        self.stall.resume(self.log_path)
         self.verifier_calls = self.verifier_calls_saved = 0
-        logged = self.log_path.read_text().splitlines() if self.log_path.exists() else []
+        logged = logged_steps(self.log_path)
+        self.stall.resume(logged)
         if logged:  # a resumed run (its log cut back to whole steps before it) goes on counting
-            last = json.loads(logged[-1])
+            last = logged[-1]
             self.verifier_calls, self.verifier_calls_saved = last["verifier_calls"], last["verifier_calls_saved"]
 
     def source(self, step: int) -> str:
