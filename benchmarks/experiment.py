@@ -189,7 +189,9 @@ def _arm(root: Path, arm: str, seeds: list[int], k: int, timings: dict) -> tuple
     corpus = sum(seconds for piece, seconds in pieces.items() if piece != "ensemble" or arm == "wco") if probed else 0.0
     train = statistics.fmean(seconds) if seconds else 0.0
     summary["wall_seconds"] = {"corpus": corpus, "train_per_seed": train, "total": corpus + train}
-    if trained:
+    if trained:  # what it paid invalid and cut-off generations (calibrated from the probe where the config says null)
+        logged = read_lines(root / arm / f"seed-{seeds[0]}" / "reward_log.jsonl")[:1]
+        summary |= {key: logged[0].get(key) if logged else None for key in ("r_bad", "overflow_reward")}
         summary["training"] = _mean_curve([training_curve(root / arm / f"seed-{seed}") for seed in seeds])
         audits = {str(seed): read_records(root / arm / f"seed-{seed}") for seed in seeds}
         if any(audits.values()):  # train.audit was on for this arm: its solver runs are spent too

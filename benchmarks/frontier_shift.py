@@ -104,6 +104,7 @@ def setting(run: Run, seeds: list[int]) -> dict:
         "lora": [config.lora.r, config.lora.alpha],
         "temperature": train.temperature,
         "max_completion_length": train.max_completion_length,
+        # null: calibrated from the probe for an arm paid in logits (each arm's summary has what it paid)
         "r_bad": config.reward.r_bad,
         "overflow_reward": config.reward.overflow_reward,
         "eval_tasks_per_seed": config.evaluate.num_tasks,

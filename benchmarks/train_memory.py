@@ -139,6 +139,7 @@ def main() -> None:
                 input_dim=576,
                 max_length=2048,
                 training_rows=0,
+                lowest_valid_logit=0.0,  # no corpus: an untrained head, taken to give valid tasks 0 or more
             ),
         )
         train_stage = importlib.import_module("propel_core.stages.train")  # the package's `train` is the stage

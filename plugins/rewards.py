@@ -42,28 +42,38 @@ def _finite(key: str, value: object) -> float:
     return value
 
 
-def _gated(config: RewardConfig, valid_reward: Callable[[Mapping[str, object]], float]) -> Rule:
-    """Invalid tasks get r_bad; valid ones get ``valid_reward(scores)``."""
+def _gated(config: RewardConfig, valid_reward: Callable[[Mapping[str, object]], float], *needs: str) -> Rule:
+    """Invalid tasks get r_bad; valid ones get ``valid_reward(scores)``, which reads the scores ``needs``."""
 
     def rule(task: Task, scores: Mapping[str, object]) -> float:
-        return valid_reward(scores) if task.validity.valid else config.r_bad
+        if task.validity.valid:
+            return valid_reward(scores)
+        if config.r_bad is None:
+            raise RewardError("reward.r_bad is not settled: build the rule on RewardConfig.settled(...)")
+        return config.r_bad
 
+    rule.needs = frozenset(needs)
     return rule
 
 
 def hard(config: RewardConfig) -> Rule:
     """R_hard: r_bad if invalid, else the raw probe logit."""
-    return _gated(config, lambda scores: _score(scores, "logit"))
+    return _gated(config, lambda scores: _score(scores, "logit"), "logit")
 
 
 def soft(config: RewardConfig, clip_low: float = 0.1, clip_high: float = 0.95) -> Rule:
     """r_bad if invalid, else the probe probability clipped to [clip_low, clip_high] (its options)."""
-    return _gated(config, lambda scores: min(max(_score(scores, "probability"), clip_low), clip_high))
+    return _gated(config, lambda scores: min(max(_score(scores, "probability"), clip_low), clip_high), "probability")
 
 
 def probe_only(config: RewardConfig) -> Rule:
     """The probe probability, with no validity gate."""
-    return lambda task, scores: _score(scores, "probability")
+
+    def rule(task: Task, scores: Mapping[str, object]) -> float:
+        return _score(scores, "probability")
+
+    rule.needs = frozenset({"probability"})
+    return rule
 
 
 def wco(config: RewardConfig) -> Rule:
@@ -75,20 +85,23 @@ def wco(config: RewardConfig) -> Rule:
             raise RewardError("the wco rule needs 'ensemble_logits' from at least one probe")
         return min(_finite("ensemble_logits", value) for value in logits)
 
-    return _gated(config, worst_case)
+    return _gated(config, worst_case, "ensemble_logits")
 
 
 def adversarial(config: RewardConfig) -> Rule:
     """r_bad if invalid, else min(main probe logit, auxiliary probe logit) (co-evolution)."""
-    return _gated(config, lambda scores: min(_score(scores, "logit"), _score(scores, "auxiliary_logit")))
+    return _gated(
+        config,
+        lambda scores: min(_score(scores, "logit"), _score(scores, "auxiliary_logit")),
+        "logit",
+        "auxiliary_logit",
+    )
 
 
 def solver_in_the_loop(config: RewardConfig) -> Rule:
     """The paper's SIL baseline: r_bad if invalid, else the real utility (1 in band, 0 outside) from
     K live solver attempts; no probe. It exists to measure what the probe saves."""
-    rule = _gated(config, lambda scores: _score(scores, "solver_utility"))
-    rule.needs = frozenset({"solver_utility"})
-    return rule
+    return _gated(config, lambda scores: _score(scores, "solver_utility"), "solver_utility")
 
 
 def partial_instrumentation(

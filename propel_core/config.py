@@ -195,6 +195,13 @@ class ProbeConfig(Section):
         return self
 
 
+#: how far below the lowest logit the probe gives a valid labeled task a rule paid in logits pays an
+#: invalid or a cut-off generation, when ``reward.r_bad`` / ``reward.overflow_reward`` are null
+R_BAD_MARGIN = 1.0
+#: the paper's reward of an invalid task and of an overlong one, for rules not paid in logits
+PAPER_R_BAD, PAPER_OVERFLOW_REWARD = -0.2, 0.0
+
+
 class RewardConfig(Section):
     rule: str = component("reward_rules", "hard")
     options: dict[str, dict[str, Any]] = Field(
@@ -203,10 +210,39 @@ class RewardConfig(Section):
         description="each reward rule's own options, by its name: {my_rule: {threshold: 0.3}}; a rule gets its "
         "entry wherever it is used (train, coevolve, solve_train, the probe stage's RVP)",
     )
-    r_bad: float = Field(-0.2, description="reward of an invalid task")
-    overflow_reward: float = Field(0.0, description="reward when the task overflows the context")
+    r_bad: float | None = Field(
+        None,
+        description="reward of an invalid task; null: R_BAD_MARGIN below the lowest logit the probe gives a valid "
+        "labeled task, for a rule paid in logits (hard, wco, adversarial), else the paper's -0.2",
+    )
+    overflow_reward: float | None = Field(
+        None,
+        description="reward of a completion cut off at the length limit; null: the calibrated r_bad, for a rule paid "
+        "in logits, else the paper's 0.0",
+    )
     main_probe: str | None = Field(None, description="the scorer the rules read; null = RUN/probes/selected")
     probes: list[str] = Field(default_factory=list, description="extra probe bundles (ensemble, auxiliary)")
+
+    def settled(self, paid_in_logits: bool, lowest_logit: float | None, probes: str = "the probe") -> RewardConfig:
+        """These settings with ``r_bad`` and ``overflow_reward`` set where they are null. A rule paid in
+        logits (its valid tasks earn a probe logit) pays both ``R_BAD_MARGIN`` below ``lowest_logit``, the
+        lowest logit the probe bundles it reads (``probes``, for the message) give any valid labeled task,
+        so no invalid or cut-off generation ever earns more than a valid one; any other rule keeps its
+        own scale, with the paper's -0.2 and 0.0. An explicit value always wins."""
+        if self.r_bad is not None and self.overflow_reward is not None:
+            return self
+        if not paid_in_logits:
+            r_bad, overflow = PAPER_R_BAD, PAPER_OVERFLOW_REWARD
+        elif lowest_logit is None:
+            raise PropelError(
+                f"{probes} records no lowest valid logit (a bundle made before propel recorded it, or by hand), so "
+                "r_bad cannot be calibrated: run `propel probe` again, or set reward.r_bad and reward.overflow_reward"
+            )
+        else:
+            r_bad = overflow = round(lowest_logit - R_BAD_MARGIN, 4)
+        r_bad = self.r_bad if self.r_bad is not None else r_bad
+        overflow = self.overflow_reward if self.overflow_reward is not None else overflow
+        return self.model_copy(update={"r_bad": r_bad, "overflow_reward": overflow})
 
 
 class ReplayConfig(Section):

@@ -74,6 +74,17 @@ def reads_probe(rule: RewardRule) -> bool:
     return bool(rule.needs & PROBE_SCORES)
 
 
+#: the probe scores that are logits: a rule reading one pays a valid task on the logit's scale
+LOGIT_SCORES = frozenset({"logit", "ensemble_logits", "auxiliary_logit"})
+
+
+def paid_in_logits(rule: RewardRule) -> bool:
+    """Whether the rule pays valid tasks a probe logit, so that its r_bad and overflow reward are
+    calibrated below the probe's logits (``RewardConfig.settled``); a rule registered without ``needs``
+    counts as one."""
+    return bool(rule.needs & LOGIT_SCORES)
+
+
 class Outcome(Protocol):
     """What a sandboxed run returns."""
 

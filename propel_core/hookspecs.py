@@ -266,6 +266,11 @@ def register_reward_rules(register):
     domain's workflow markers the generation reached) and ``verifier_score`` (the domain's own score
     of a valid task). A rule without ``needs`` gets the probe scores.
 
+    ``config.r_bad`` and ``config.overflow_reward`` are settled before the factory is called: where the
+    config leaves them null, a rule whose ``needs`` holds a logit (``logit``, ``ensemble_logits``,
+    ``auxiliary_logit``; or no ``needs`` at all) gets values below the lowest logit its probes give a
+    valid labeled task, any other rule the paper's -0.2 and 0.0 (``RewardConfig.settled``).
+
     ```python
     @hookimpl
     def register_reward_rules(register):

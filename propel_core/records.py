@@ -242,6 +242,10 @@ class ProbeBundle(Record):
     #: a ranker's logit on the verifier's scale: ``slope``, ``intercept`` of the least-squares line
     #: fitted on its training items, clipped to their scores' range [``low``, ``high``]
     calibration: dict[str, float] | None = None
+    #: the lowest logit (temperature applied) the probe gives any labeled task of the corpus it was
+    #: trained on (every labeled task is valid): a reward paid in logits pays invalid and cut-off
+    #: generations below it (``RewardConfig.settled``)
+    lowest_valid_logit: float | None = None
 
 
 def iter_jsonl(path: str | Path, record: type[R]) -> Iterator[R]:

@@ -24,7 +24,7 @@ def test_paper_defaults(propel_registry):
     assert (config.probe.epochs, config.probe.patience) == (50, 7)
     assert (config.lora.r, config.lora.alpha, config.lora.dropout) == (16, 32, 0.05)
     assert len(config.lora.target_modules) == 7
-    assert (config.reward.rule, config.reward.r_bad) == ("hard", -0.2)
+    assert (config.reward.rule, config.reward.r_bad) == ("hard", None)  # null: calibrated from the probe
     assert config.generator.model is None  # the embedded default
 
 

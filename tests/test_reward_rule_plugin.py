@@ -75,6 +75,7 @@ def test_the_rule_that_trained_an_adapter_is_enforced_and_shown(example_reward_p
             assert completion["reward"] == -0.2
     recorded = json.loads((tmp_path / "settings.json").read_text())["train"]
     assert recorded["reward.rule"] == "length_bonus" and recorded["reward.options.length_bonus.per_letter"] == 0.5
+    assert (recorded["reward.r_bad"], recorded["reward.overflow_reward"]) == (-0.2, 0.0)  # settled, not null
 
     # on the finished training, another option or another rule is refused with one line, not "nothing to train"
     option = propel_cli("-q", "train", cfg, "reward.options.length_bonus.per_letter=2", check=False)
@@ -87,5 +88,7 @@ def test_the_rule_that_trained_an_adapter_is_enforced_and_shown(example_reward_p
 
     propel_cli("-q", "report", cfg)
     page = (tmp_path / "report.html").read_text()
-    assert "Rewarded by <code>length_bonus {&quot;per_letter&quot;: 0.5}</code> (steps 0-1)." in page
+    # what it paid an invalid and a cut-off generation: the paper's values, as it reads no logit
+    paid = "length_bonus {&quot;per_letter&quot;: 0.5}, r_bad -0.2, overflow reward 0"
+    assert f"Rewarded by <code>{paid}</code> (steps 0-1)." in page
     assert "Completions of the last step (1), sampled" in page

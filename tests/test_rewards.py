@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from propel_core.config import RewardConfig
-from propel_core.errors import RewardError
+from propel_core.config import PAPER_OVERFLOW_REWARD, PAPER_R_BAD, R_BAD_MARGIN, RewardConfig
+from propel_core.contracts import paid_in_logits
+from propel_core.errors import PropelError, RewardError
 from propel_core.records import Task, Validity
 
 
@@ -20,16 +21,25 @@ def task(valid: bool) -> Task:
     )
 
 
+#: the lowest logit the probe of these tests gives a valid labeled task
+LOWEST = -3.0
+
+
 @pytest.fixture
 def rule(propel_registry):
+    """A rule as training builds it: its r_bad and overflow reward settled, with a probe whose lowest
+    valid logit is LOWEST."""
+
     def made(name, options=None, **settings):
-        return propel_registry.reward_rule(name, RewardConfig(**settings, options={name: options or {}}))
+        config = RewardConfig(**settings, options={name: options or {}})
+        paid = paid_in_logits(propel_registry.reward_rule(name, config))
+        return propel_registry.reward_rule(name, config.settled(paid, LOWEST))
 
     return made
 
 
 def test_hard(rule):
-    assert rule("hard")(task(False), {"logit": 3.0}) == -0.2
+    assert rule("hard")(task(False), {"logit": 3.0}) == LOWEST - R_BAD_MARGIN
     assert rule("hard")(task(True), {"logit": -1.5}) == -1.5
     assert rule("hard", r_bad=-1.0)(task(False), {}) == -1.0
 
@@ -50,7 +60,7 @@ def test_probe_only_has_no_gate(rule):
 
 def test_wco_takes_the_worst(rule):
     assert rule("wco")(task(True), {"ensemble_logits": [0.5, -2.0, 1.0]}) == -2.0
-    assert rule("wco")(task(False), {"ensemble_logits": [0.5]}) == -0.2
+    assert rule("wco")(task(False), {"ensemble_logits": [0.5]}) == LOWEST - R_BAD_MARGIN
     with pytest.raises(RewardError, match="ensemble_logits"):
         rule("wco")(task(True), {"ensemble_logits": []})
 
@@ -121,3 +131,52 @@ def test_countdown_markers_follow_the_validity_funnel(propel_registry):
         "within the rules",
     ]
     assert countdown.markers_reached("Target: 10\nNumbers: 2, 5, 1") == list(countdown.workflow_markers)
+
+
+@pytest.mark.parametrize(
+    ("name", "paid"),
+    [
+        ("hard", True),
+        ("wco", True),
+        ("adversarial", True),
+        ("soft", False),
+        ("probe_only", False),
+        ("solver_in_the_loop", False),
+        ("partial_instrumentation", False),
+    ],
+)
+def test_which_rules_are_paid_in_logits(propel_registry, name, paid):
+    """The rules whose valid tasks earn a probe logit get an r_bad below the probe's logits; the others
+    keep the paper's -0.2 and 0.0, on their own scale."""
+    config = RewardConfig()
+    assert paid_in_logits(propel_registry.reward_rule(name, config)) is paid
+    settled = config.settled(paid, LOWEST)
+    expected = (LOWEST - R_BAD_MARGIN,) * 2 if paid else (PAPER_R_BAD, PAPER_OVERFLOW_REWARD)
+    assert (settled.r_bad, settled.overflow_reward) == expected
+
+
+def test_partial_instrumentation_on_logits_is_paid_in_logits(propel_registry):
+    config = RewardConfig(options={"partial_instrumentation": {"valid_score": "logit"}})
+    assert paid_in_logits(propel_registry.reward_rule("partial_instrumentation", config))
+
+
+def test_explicit_values_win_over_the_calibration():
+    assert RewardConfig(r_bad=-0.5).settled(True, LOWEST).model_dump(include={"r_bad", "overflow_reward"}) == {
+        "r_bad": -0.5,
+        "overflow_reward": LOWEST - R_BAD_MARGIN,
+    }
+    both = RewardConfig(r_bad=-0.5, overflow_reward=-9.0)
+    assert both.settled(True, None) is both  # nothing to calibrate: no bundle needs a lowest logit
+
+
+def test_a_bundle_without_its_lowest_logit_is_refused():
+    with pytest.raises(
+        PropelError, match=r"records no lowest valid logit.*set reward.r_bad and reward.overflow_reward"
+    ):
+        RewardConfig().settled(True, None, "the probe bundle old/")
+
+
+def test_an_unsettled_rule_refuses_to_pay_an_invalid_task(propel_registry):
+    """A rule built on settings whose r_bad was never settled says so, instead of paying None."""
+    with pytest.raises(RewardError, match="r_bad is not settled"):
+        propel_registry.reward_rule("hard", RewardConfig())(task(False), {})

@@ -10,17 +10,18 @@ import statistics
 import pytest
 import torch
 
-from propel_core.config import ModelConfig, validate_config
+from propel_core.config import R_BAD_MARGIN, ModelConfig, validate_config
 from propel_core.embedded import EMBEDDED_MODEL_ID
+from propel_core.errors import PropelError
 from propel_core.execution import solver_labels
 from propel_core.plugins import Registry
-from propel_core.probes.bundles import load_probe
+from propel_core.probes.bundles import load_probe, read_bundle
 from propel_core.run import Run
 from propel_core.stages.evaluate import evaluate
 from propel_core.stages.report import report
 from propel_core.stages.train import train
 from propel_core.training.generator import train_generator
-from propel_core.training.generator_reward import RewardScorer, reward_scorer
+from propel_core.training.generator_reward import RewardScorer, reward_reads, reward_scorer
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +43,10 @@ def probed_run(planted_probe):
             "max_completion_length": 24,
         },
         "checkpoint": {"every": 100},
+        # r_bad calibrated from the probe; the paper's 0.0 for a cut-off completion, explicitly: at 24 tokens
+        # two steps of countdown may have no valid completion that is not cut off, and a reward that
+        # moves has to tell cut-off from invalid there
+        "reward": {"overflow_reward": 0.0},
     }
     return Run(validate_config(data, registry), registry, quiet=True)
 
@@ -63,7 +68,10 @@ def test_rewards_follow_the_hard_rule(probed_run):
     rewards = scorer([prompt] * 3, completions, context_id=["countdown-000"] * 3, completion_ids=ids)
     expected_logit = scorer.probes[0].score(["Target: 24\nNumbers: 3, 8, 8"])[0]["logit"]
     assert rewards[0] == pytest.approx(expected_logit, abs=1e-4)
-    assert rewards[1] == -0.2 and rewards[2] == 0.0
+    # invalid: calibrated below the lowest logit the probe gives a valid labeled task
+    calibrated = scorer.probes[0].bundle.lowest_valid_logit - R_BAD_MARGIN
+    assert rewards[1] == pytest.approx(calibrated) and rewards[2] == 0.0  # the explicit overflow reward wins
+    assert calibrated < -0.2  # this probe's valid tasks score far below the paper's r_bad
 
 
 def test_one_reward_per_completion_and_logged(probed_run, tmp_path):
@@ -104,7 +112,15 @@ def test_two_grpo_steps_update_the_adapter_and_not_the_reference(trained_run):
     assert all(torch.equal(before[name], after[name]) for name in before)  # the frozen reference is untouched
     steps = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
     assert len(steps) == 2 and all(0 <= s["validity_rate"] <= 1 for s in steps)
-    assert any(s["reward_std"] > 0 for s in steps)
+    # r_bad, left null, was calibrated from the probe: logged and recorded
+    calibrated = read_bundle(probed_run.dir / "probes" / "selected").lowest_valid_logit - R_BAD_MARGIN
+    assert all(s["r_bad"] == pytest.approx(calibrated) and s["overflow_reward"] == 0.0 for s in steps)
+    recorded = json.loads((probed_run.dir / "settings.json").read_text())["train"]
+    assert (recorded["reward.r_bad"], recorded["reward.overflow_reward"]) == (pytest.approx(calibrated), 0.0)
+    # another r_bad is another reward: the finished training refuses it, as any reward option
+    changed = probed_run.config.reward.model_copy(update={"r_bad": -0.2})
+    with pytest.raises(PropelError, match=r"reward.r_bad: -?[0-9.]+ -> -0.2"):
+        probed_run.claim("train", True, *reward_reads(probed_run, changed))
 
 
 def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run, tmp_path):
@@ -132,6 +148,7 @@ def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run, tmp_p
             [],
             rule_name="hard",
             rule_options={},
+            r_bad=-0.2,
             overflow_reward=0.0,
             max_completion_length=8,
             group_size=2,

@@ -63,7 +63,9 @@ def fit_at_cell(registry, folder: Path, bundle: ProbeBundle, x, y, config: Probe
     scores = metrics(y[test], trained.logits(x[test]), torch.zeros(len(test)))
     log.info("%s: %d rows, test balanced accuracy %.3f", source, len(y), scores["balanced_accuracy"])
     finite = {k: v for k, v in scores.items() if math.isfinite(v)}
-    description = bundle.model_copy(update={"temperature": temperature, "training_rows": len(train), "metrics": finite})
+    lowest = trained.lowest_logit(x, temperature)
+    update = {"temperature": temperature, "training_rows": len(train), "metrics": finite, "lowest_valid_logit": lowest}
+    description = bundle.model_copy(update=update)
     save_bundle(folder, trained, description)
     return folder
 

@@ -32,6 +32,11 @@ class TrainedProbe:
         with torch.no_grad():  # not inference_mode: calibration fits a temperature on these logits
             return self.head((x - self.mean) / self.std)
 
+    def lowest_logit(self, x, temperature: float = 1.0) -> float:
+        """The lowest logit the head gives a row of ``x`` (the labeled, so valid, tasks), at ``temperature``:
+        what a calibrated r_bad sits below (``RewardConfig.settled``)."""
+        return round(float((self.logits(x) / temperature).min()), 4)
+
 
 def train_probe(
     factory: ProbeArchitecture, x, y, train, val, config: ProbeConfig, weighted: bool, seed: int

@@ -20,6 +20,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
+from propel_core.contracts import paid_in_logits
 from propel_core.embedded import EMBEDDED_MODEL_ID, model_source
 from propel_core.errors import NotEnoughData, PropelError, RewardError
 from propel_core.probes.activations import label_rows, load_activations
@@ -51,7 +52,9 @@ def probe(run: Run) -> None:
     solve_rates = torch.tensor([label.solve_rate for label in labels], dtype=torch.float)
     groups = [tasks[label.task_id].context_id for label in labels]
     rvp_tasks = [tasks[task_id] for task_id in sorted(tasks)][: probe_config.rvp_samples]
-    rule = run.registry.reward_rule(config.reward.rule, config.reward)
+    paid = paid_in_logits(run.registry.reward_rule(config.reward.rule, config.reward))
+    # the exact reward each cell's head would pay: a calibrated r_bad sits below that head's own logits
+    rule_at = lambda lowest: run.registry.reward_rule(config.reward.rule, config.reward.settled(paid, lowest))  # noqa: E731
     log.info("%d labeled rows (%d in band); RVP over %d base-policy tasks", len(y), int(y.sum()), len(rvp_tasks))
 
     pairs = [(architecture, balance) for architecture in probe_config.architectures for balance in probe_config.balance]
@@ -90,7 +93,7 @@ def probe(run: Run) -> None:
                     f"test_{k}": v for k, v in metrics(y[test], trained.logits(x[test]), solve_rates[test]).items()
                 }
                 result |= {
-                    "rvp": rvp(rule, rvp_tasks, rvp_x[cell[0], cell[1]], trained),
+                    "rvp": rvp(rule_at(trained.lowest_logit(x)), rvp_tasks, rvp_x[cell[0], cell[1]], trained),
                     "epochs": trained.epochs,
                     "train_rows": len(job.train),
                     "val_rows": len(val),
@@ -170,6 +173,7 @@ def _save_selected(run: Run, folder: Path, chosen: dict, cell: tuple, y) -> None
         turn_vector=probe_config.turn_vector,
         temperature=temperature,
         training_rows=int(chosen["train_rows"]),
+        lowest_valid_logit=trained.lowest_logit(x, temperature),
         metrics={k: v for k, v in chosen.items() if isinstance(v, float) and math.isfinite(v)},
     )
     save_bundle(folder / "selected", trained, bundle)

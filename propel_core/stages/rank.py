@@ -161,6 +161,7 @@ def _save(folder: Path, ranker, cell: ProbeBundle, architecture: str, reference,
             "training_rows": len(x),
             "metrics": {k: v for k, v in after.items() if v == v},
             "calibration": fit_calibration(ranker.logits(x), scores),
+            "lowest_valid_logit": ranker.lowest_logit(x),  # over the items it ranked (a rule paid in its logits)
         }
     )
     save_bundle(folder, ranker, description)

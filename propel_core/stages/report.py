@@ -385,12 +385,18 @@ def audit_curves(path: Path, entries: list[dict], audits: list[dict]) -> None:
     plt.close(figure)
 
 
+#: what a reward log entry says the rule paid an invalid and a cut-off generation
+PAID = (("r_bad", "r_bad"), ("overflow_reward", "overflow reward"))
+
+
 def rules_line(entries: list[dict]) -> str:
-    """Which reward rule (and options) gave the rewards, read from the reward log: each rule with the
-    steps it rewarded, so an adapter trained under two rules (allow_changed_settings) says so."""
+    """Which reward rule (with its options, and what it paid an invalid and a cut-off generation) gave
+    the rewards, read from the reward log: each with the steps it rewarded, so an adapter trained under
+    two (allow_changed_settings) says so."""
     steps: dict[str, list[int]] = defaultdict(list)
     for entry in entries:
-        steps[f"{entry.get('rule', '(not logged)')} {json.dumps(entry.get('rule_options') or {})}"].append(
+        paid = "".join(f", {name} {entry[key]:g}" for key, name in PAID if isinstance(entry.get(key), int | float))
+        steps[f"{entry.get('rule', '(not logged)')} {json.dumps(entry.get('rule_options') or {})}{paid}"].append(
             entry["step"]
         )
     parts = [f"<code>{html.escape(rule)}</code> (steps {min(s)}-{max(s)})" for rule, s in steps.items()]

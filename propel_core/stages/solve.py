@@ -68,8 +68,10 @@ def solve_train(run: Run) -> None:
     folder = run.dir / "solve" / options.name
     resume = config.checkpoint.resume
     exists = goes_on(folder, resume)
+    # its rules read verdicts (markers, verifier_score), never a logit: r_bad keeps the paper's scale
+    reward = config.reward.settled(False, None)
     rule_keys = ("reward.r_bad", f"reward.options.{options.reward_rule}") if options.reward_rule else ()
-    run.claim(f"solve/{options.name}", exists, rule_keys)
+    run.claim(f"solve/{options.name}", exists, rule_keys, {"reward.r_bad": reward.r_bad} if rule_keys else None)
     checkpoint = prepare_folder(folder, resume)  # after the claim: a refusal removes nothing
     tasks = training_tasks(run, task_file(run, options.tasks), options.in_band_only)
     held_out, tasks = split_held_out(task_file(run, options.held_out), tasks, options.held_out_tasks)
@@ -77,7 +79,7 @@ def solve_train(run: Run) -> None:
 
     if options.replay.strategy != "none" and (options.algorithm != "grpo" or domain.multi_turn):
         raise PropelError("solve_train.replay works with algorithm grpo on a single-turn domain")
-    rule = run.registry.reward_rule(options.reward_rule, config.reward) if options.reward_rule else None
+    rule = run.registry.reward_rule(options.reward_rule, reward) if options.reward_rule else None
     reward_model = load_probe(task_file(run, options.reward_model), run.registry) if options.model_steps else None
     every = config.checkpoint.every
     train_solver(

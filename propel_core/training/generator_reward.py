@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from propel_core.config import RewardConfig, TrainConfig
-from propel_core.contracts import ContextSampler, RewardRule, reads_probe
+from propel_core.contracts import ContextSampler, RewardRule, paid_in_logits, reads_probe
 from propel_core.domain import Domain, make_task
 from propel_core.errors import PropelError
-from propel_core.probes.bundles import ProbeScorer, load_probe
+from propel_core.probes.bundles import ProbeScorer, load_probe, read_bundle
 from propel_core.provenance import folder_digest
 from propel_core.records import Context, JsonlWriter, Label, Task
 from propel_core.training.feedback import FeedsBack, Stall, generations
@@ -45,7 +45,8 @@ class RewardScorer(FeedsBack):
 
     ``probes`` are the loaded bundles (main first); ``solve`` labels valid tasks with live solver
     runs, for a rule whose ``needs`` holds ``solver_utility``. A completion of
-    ``max_completion_length`` tokens or more gets ``overflow_reward``. With ``sampler`` the contexts'
+    ``max_completion_length`` tokens or more gets ``overflow_reward``; ``r_bad`` is what ``rule`` pays an
+    invalid task (logged beside it). With ``sampler`` the contexts'
     rewards go back to it; with ``replay`` fresh generations are offered to the buffer; with
     ``log_path`` each call appends its diagnostics there (groups of ``group_size``), under the rule's
     name and options (``rule_name``, ``rule_options``), and a sample of its completions with their
@@ -60,6 +61,7 @@ class RewardScorer(FeedsBack):
         *,
         rule_name: str,
         rule_options: dict[str, Any],
+        r_bad: float,
         overflow_reward: float,
         max_completion_length: int,
         group_size: int,
@@ -79,7 +81,7 @@ class RewardScorer(FeedsBack):
             raise PropelError("the reward rule reads probe scores, but no probe bundle was given")
         if "solver_utility" in self.needs and solve is None:
             raise PropelError("the reward rule reads live solver utility, but no solver was given")
-        self.overflow_reward, self.max_completion_length = overflow_reward, max_completion_length
+        self.r_bad, self.overflow_reward, self.max_completion_length = r_bad, overflow_reward, max_completion_length
         self.group_size, self.solve = group_size, solve
         self.stall = Stall("train", group_size, max_completion_length)
         self.log_path = log_path
@@ -186,7 +188,12 @@ class RewardScorer(FeedsBack):
         }
         if "solver_utility" in self.needs:
             entry["solver_attempts"] = self.solver_attempts
-        entry |= {"rule": self.rule_name, "rule_options": self.rule_options}
+        entry |= {
+            "rule": self.rule_name,
+            "rule_options": self.rule_options,
+            "r_bad": self.r_bad,
+            "overflow_reward": self.overflow_reward,
+        }
         self.write_log(entry, replayed, rewards, completion_ids)
 
     def sample(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], overflowed: list[bool]):
@@ -215,14 +222,36 @@ def main_probe(run: Run, reward: RewardConfig) -> Path:
     return Path(reward.main_probe) if reward.main_probe else run.dir / "probes" / "selected"
 
 
+def settled_reward(run: Run, reward: RewardConfig, bundles: list[Path]) -> RewardConfig:
+    """``reward`` with r_bad and the overflow reward it leaves null set (``RewardConfig.settled``): for a
+    rule paid in logits, below the lowest logit any of ``bundles`` (those it reads) gives a valid
+    labeled task."""
+    rule = run.registry.reward_rule(reward.rule, reward)
+    if not paid_in_logits(rule) or (reward.r_bad is not None and reward.overflow_reward is not None):
+        return reward.settled(paid_in_logits(rule), None)
+    missing = [bundle for bundle in bundles if not (Path(bundle) / "probe.json").exists()]
+    if missing:
+        raise PropelError(f"no probe bundle in {missing[0]}: run `propel probe` first")
+    lowest = [read_bundle(bundle).lowest_valid_logit for bundle in bundles]
+    unknown = [str(bundle) for bundle, logit in zip(bundles, lowest, strict=True) if logit is None]
+    return reward.settled(True, None if unknown else min(lowest), f"the probe bundle {', '.join(unknown)}")
+
+
 def reward_reads(run: Run, reward: RewardConfig) -> tuple[tuple[str, ...], dict[str, Any]]:
     """What a training's reward depends on beyond its ``reward.*`` settings, for ``RUN/settings.json``:
     the config keys (the rule's own options; the solver's and the label stage's, for a rule reading
-    live solver utility) and the content of each probe bundle the rule reads (whatever its path)."""
+    live solver utility), the content of each probe bundle the rule reads (whatever its path), and
+    the r_bad and overflow reward it pays (calibrated from those bundles where the config leaves them
+    null)."""
     rule = run.registry.reward_rule(reward.rule, reward)
     keys = (f"reward.options.{reward.rule}", *(SOLVER_KEYS if "solver_utility" in rule.needs else ()))
     bundles = [main_probe(run, reward), *map(Path, reward.probes)] if reads_probe(rule) else []
-    return keys, {"reward.bundles": [folder_digest(bundle) for bundle in bundles]}
+    settled = settled_reward(run, reward, bundles)
+    return keys, {
+        "reward.bundles": [folder_digest(bundle) for bundle in bundles],
+        "reward.r_bad": settled.r_bad,
+        "reward.overflow_reward": settled.overflow_reward,
+    }
 
 
 def reward_scorer(
@@ -234,21 +263,24 @@ def reward_scorer(
     **options: Any,
 ) -> RewardScorer:
     """The reward function GRPO gets under ``reward`` (rule and extra probes) and ``train`` (length
-    limit, group size): the rule built once, and the probe bundles (``main_probe`` first, then
+    limit, group size): the rule, and the probe bundles (``main_probe`` first, then
     ``reward.probes``) loaded only when the rule reads them. ``options``: ``log_path``, ``sampler``,
-    ``replay``."""
+    ``replay``. R_bad and the overflow reward are settled first (``settled_reward``)."""
+    bundles = [main_probe, *map(Path, reward.probes)]
+    reward = settled_reward(run, reward, bundles)
     rule = run.registry.reward_rule(reward.rule, reward)
     probes = []
     if reads_probe(rule):
         if not (Path(main_probe) / "probe.json").exists():
             raise PropelError(f"no probe bundle in {main_probe}: run `propel probe` first")
-        probes = [load_probe(path, run.registry) for path in [main_probe, *reward.probes]]
+        probes = [load_probe(path, run.registry) for path in bundles]
     return RewardScorer(
         run.domain(),
         rule,
         probes,
         rule_name=reward.rule,
         rule_options=reward.options.get(reward.rule, {}),
+        r_bad=reward.r_bad,
         overflow_reward=reward.overflow_reward,
         max_completion_length=train.max_completion_length,
         group_size=train.group_size,

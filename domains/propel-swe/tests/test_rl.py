@@ -42,6 +42,7 @@ def swe_run(tiny_repo, test_env, tmp_path_factory):
             input_dim=576,
             max_length=512,
             training_rows=0,
+            lowest_valid_logit=0.0,  # no corpus: an untrained head, taken to give valid tasks 0 or more
         ),
     )
     repos = write_registry(folder, [{"name": "tinystats", "path": str(tiny_repo), "time_budget": 60}])
