@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from propel_core.config import LabelConfig, ModelConfig
 from propel_core.contracts import Attempt, Episode, Grading
 from propel_core.errors import PropelError
-from propel_core.records import Context, JsonlWriter, Label, Record, SolverAttempt, Task, iter_jsonl
+from propel_core.records import Context, JsonlWriter, Label, Record, SolverAttempt, Task, iter_jsonl, put_in_order
 
 if TYPE_CHECKING:
     from propel_core.run import Run
@@ -187,6 +187,7 @@ def label_tasks(
             for task, attempts in graded_attempts(run, todo, label.k, solver, seed, journal, description, redo):
                 out.write(label_of(task, attempts, label))
     journal_path(path).unlink(missing_ok=True)  # every label is whole now
+    put_in_order(path, Label, lambda label: label.task_id)
     return list(iter_jsonl(path, Label))
 
 
@@ -262,7 +263,8 @@ def sample_tasks(run: Run, model: ModelConfig, contexts: list[Context], path: Pa
                 out.write(task)
                 advance(1, in_flight=run.executor().in_flight)
     order = {task_id(i): i for i in range(len(contexts))}
-    return sorted(iter_jsonl(path, Task), key=lambda task: order.get(task.id, len(order)))
+    put_in_order(path, Task, lambda task: (order.get(task.id, len(order)), task.id))
+    return list(iter_jsonl(path, Task))
 
 
 def sample_and_label(

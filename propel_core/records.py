@@ -282,6 +282,22 @@ def keep_entries(log_path: Path, keep: Callable[[dict], bool]) -> None:
     os.replace(staging, log_path)
 
 
+def put_in_order(path: str | Path, record: type[R], key: Callable[[R], Any]) -> None:
+    """Rewrite ``path`` whole with its records in ``key`` order, the lines themselves untouched, so a
+    file written as threads finished holds the same bytes in every run of one seed (a file already in
+    order, or absent, is left alone). Whole or not at all: a crash leaves the file as it was."""
+    path = Path(path)
+    if not path.exists():
+        return
+    lines = [line for line in path.read_bytes().splitlines(keepends=True) if line.strip()]
+    ordered = sorted(lines, key=lambda line: key(decode(line, record)))
+    if ordered == lines:
+        return
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_bytes(b"".join(ordered))
+    os.replace(partial, path)
+
+
 class JsonlWriter:
     """Appends records (or a log's plain entries) to a JSONL file, one whole flushed line each; cuts
     off a torn tail first. A write that fails (a full disk) is undone, so the file keeps every earlier

@@ -43,17 +43,22 @@ def test_generate_with_third_party_domain(example_plugin, propel_cli, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_tiny_config_runs_every_stage(propel_cli, tmp_path):
+def test_the_tiny_config_runs_every_stage_and_repeats_from_its_seed(propel_cli, tmp_path):
     """tests/example_plugin/tiny.yaml, the tutorial's ready config, through `propel run` on the embedded
-    model: every stage writes its output (a few minutes on 2 cores)."""
+    model: every stage writes its output. Run again from the same seed, killed (SIGKILL) while it labels
+    and rerun to the end, it writes the same bytes in every file, but for the seconds TRL logs."""
+    import shutil
+    import sys
     from pathlib import Path
 
     from propel_core.records import Label, iter_jsonl
     from propel_core.stages import STAGES
+    from propel_core.testing import kill_when_written
 
     tiny = Path(__file__).parent / "example_plugin" / "tiny.yaml"
-    result = propel_cli("-q", "run", str(tiny), f"run_dir={tmp_path}")
-    labels = list(iter_jsonl(tmp_path / "labels.jsonl", Label))
+    run = tmp_path / "run"  # both runs write here: the config they record names their run_dir
+    result = propel_cli("-q", "run", str(tiny), f"run_dir={run}")
+    labels = list(iter_jsonl(run / "labels.jsonl", Label))
     assert {label.utility for label in labels} == {0, 1}  # both sides of the band: the probe has rows to tell apart
     outputs = {
         "generate": "tasks.jsonl",
@@ -65,5 +70,43 @@ def test_the_tiny_config_runs_every_stage(propel_cli, tmp_path):
         "report": "report.html",
     }
     assert set(outputs) == set(STAGES)
-    assert all((tmp_path / path).exists() for path in outputs.values()), sorted(p.name for p in tmp_path.iterdir())
+    assert all((run / path).exists() for path in outputs.values()), sorted(p.name for p in run.iterdir())
     assert "| utility (in band / all) |" in result.stdout  # evaluate's table
+    first = digests(run)
+    shutil.move(run, tmp_path / "first")
+
+    command = [str(Path(sys.executable).with_name("propel")), "-q", "run", str(tiny), f"run_dir={run}"]
+    kill_when_written(command, run / "labels.jsonl", lines=3)
+    propel_cli("-q", "run", str(tiny), f"run_dir={run}")
+    again = digests(run)
+    assert sorted(again) == sorted(first)
+    assert [name for name in sorted(first) if first[name] != again[name]] == []
+
+
+#: what TRL's log of a training (``train/log.jsonl``, a checkpoint's ``trainer_state.json``) says of how
+#: long work took: the one thing two runs of one seed may write differently, left out of their digests
+WALL_TIME = frozenset({"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"})
+
+
+def digests(folder):
+    """sha256 of every file under ``folder`` by relative path; of TRL's logs, with WALL_TIME's keys left out."""
+    import hashlib
+    import json
+
+    def timeless(value):
+        if isinstance(value, dict):
+            return {key: timeless(item) for key, item in value.items() if key not in WALL_TIME}
+        return [timeless(item) for item in value] if isinstance(value, list) else value
+
+    def content(path):
+        if path.name == "trainer_state.json":
+            return json.dumps(timeless(json.loads(path.read_text()))).encode()
+        if path.name == "log.jsonl":
+            return "\n".join(json.dumps(timeless(json.loads(line))) for line in path.read_text().splitlines()).encode()
+        return path.read_bytes()
+
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(content(path)).hexdigest()
+        for path in folder.rglob("*")
+        if path.is_file()
+    }

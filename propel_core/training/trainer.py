@@ -63,13 +63,24 @@ def lora_config(lora: LoraConfig, r: int | None = None, alpha: int | None = None
     ``lora.r`` and ``lora.alpha`` where a role sizes its own (``rank.lora_r``, ``rank.lora_alpha``)."""
     from peft import LoraConfig
 
-    return LoraConfig(
+    config = LoraConfig(
         r=r or lora.r,
         lora_alpha=alpha or lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=lora.target_modules,
         task_type="CAUSAL_LM",
     )
+    config.target_modules = SortedSet(config.target_modules)
+    return config
+
+
+class SortedSet(set):
+    """A set that iterates in sorted order. PEFT keeps ``target_modules`` as a set and writes it to
+    ``adapter_config.json`` in iteration order, which string hashing changes from process to process;
+    in sorted order two runs of one seed write the same adapter bytes."""
+
+    def __iter__(self):
+        return iter(sorted(set.__iter__(self)))
 
 
 def sampled_prompts(sampler, messages_of, tokenizer, chat_template: bool, model_id: str, seen=None):
