@@ -14,17 +14,9 @@ import click
 from propel_core.errors import FILE_ERRNOS, PropelError, file_error
 
 DEMO_CONFIG = files("propel_core") / "configs" / "demo.yaml"
-#: what the demo's figure can and cannot show with its own solver and K, with the measurements that say so
-#: (docs/experiment.md)
-DEMO_NOTE = (
-    "What this measures: the demo labels with K = 8 attempts, where whether the embedded solver lands a "
-    "task in band is barely more repeatable than chance (split-half kappa 0.29; 0.73 at K = 16, "
-    "benchmarks/solver_signal.py), so the probe has little to learn and no clear shift is expected at "
-    "this size. With this solver at K = 16 the frontier-shift experiment's probe reward raised utility "
-    "0.096 -> 0.172 over 3 RL seeds (95% interval of the shift [+0.002, +0.149]; solver in the loop 0.167) "
-    "once invalid tasks earned less than every valid one (r_bad -6.5; at this demo's -0.2: 0.094); "
-    "with a simulated solver 0.186 -> 0.348 (3 seeds): docs/experiment.md."
-)
+#: the figure the demo's built-in config gave when it was measured: the one place it is kept, which
+#: the README and docs/experiment.md quote (tests/test_docs.py holds them to it)
+DEMO_FIGURE = files("propel_core") / "configs" / "demo_figure.json"
 
 
 #: the exit status of a command whose stages finished but left attempts ungradable (docs/cli.md);
@@ -99,14 +91,40 @@ def start(ctx: click.Context, config: tuple[str, ...] | list[str], overrides: tu
     return run
 
 
-def demo_note(config, registry) -> str | None:
-    """:data:`DEMO_NOTE` for a demo run with the built-in domain, solver and label settings; None when
-    overrides changed them, for then the note's numbers are about another setting."""
+def demo_figure_line(config, registry, results: dict) -> str | None:
+    """How a demo run's figure (``eval/metrics.json``) compares with the one measured for the built-in
+    config (:data:`DEMO_FIGURE`); None when overrides changed anything but ``run_dir``, for then the
+    measured figure is about another setting."""
     from propel_core.config import load_config
 
-    built_in = load_config(str(DEMO_CONFIG), registry=registry)
-    ours = (config.domain, config.solver, config.label) == (built_in.domain, built_in.solver, built_in.label)
-    return DEMO_NOTE if ours else None
+    built_in = load_config(str(DEMO_CONFIG), [f"run_dir={config.run_dir}"], registry=registry)
+    if config != built_in:
+        return None
+    measured = json.loads(DEMO_FIGURE.read_text())
+    ours = figure_of(results)
+    same = all(f"{ours[key]}" == f"{measured[key]}" for key in ours)
+    recorded = (
+        f"base {measured['base']} -> trained {measured['trained']}, {measured['shift']} "
+        f"[{measured['ci95'][0]}, {measured['ci95'][1]}] ({measured['measured_on']})"
+    )
+    if same:
+        return f"This is the figure measured for this config, to the digit: {recorded}; docs/experiment.md#the-demo."
+    return (
+        f"The figure measured for this config was {recorded}; this run's differs. The promise is for one machine "
+        "kind, torch build and thread count: docs/experiment.md#a-run-repeats-from-its-seed."
+    )
+
+
+def figure_of(results: dict) -> dict:
+    """A demo evaluation's figure as the README prints it: base and trained utility, the shift and
+    its 95% paired interval, rounded to 3 decimals (the shift signed)."""
+    shift = results["trained"]["vs_base"]
+    return {
+        "base": f"{results['base']['utility'][0]:.3f}",
+        "trained": f"{results['trained']['utility'][0]:.3f}",
+        "shift": f"{shift['mean_difference']:+.3f}",
+        "ci95": [f"{value:+.3f}" for value in shift["ci95"]],
+    }
 
 
 def _run_stages(run, names) -> None:
@@ -222,10 +240,11 @@ def demo(ctx: click.Context, run_dir: str, overrides: tuple[str, ...]) -> None:
 
         click.echo(f"\nbase vs trained, from real solver runs on {run.config.evaluate.num_tasks} tasks per arm:")
         click.echo(table.read_text())
-        click.echo(evaluation_verdict(json.loads((run.dir / "eval" / "metrics.json").read_text())) + "\n")
-        note = demo_note(run.config, run.registry)
-        if note:
-            click.echo(note + "\n")
+        results = json.loads((run.dir / "eval" / "metrics.json").read_text())
+        click.echo(evaluation_verdict(results) + "\n")
+        line = demo_figure_line(run.config, run.registry, results) if "trained" in results else None
+        if line:
+            click.echo(line + "\n")
     click.echo(f"demo finished; the report is {run.dir / 'report.html'}, everything else in {run.dir}/")
 
 

@@ -11,14 +11,28 @@ def test_help_lists_verbs(propel_cli):
         assert f"  {verb} " in out
 
 
-def test_the_demo_note_speaks_only_of_the_demos_own_solver_and_k(propel_registry):
-    from propel_core.cli import DEMO_CONFIG, DEMO_NOTE, demo_note
+def test_the_demo_compares_its_figure_with_the_measured_one_only_on_the_built_in_config(propel_registry):
+    from propel_core.cli import DEMO_CONFIG, DEMO_FIGURE, demo_figure_line
     from propel_core.config import load_config
 
-    assert demo_note(load_config(str(DEMO_CONFIG), registry=propel_registry), propel_registry) == DEMO_NOTE
-    for override in ("label.k=16", "solver.sampling.temperature=1.0", "domain.name=countdown"):
-        config = load_config(str(DEMO_CONFIG), [override], registry=propel_registry)
-        assert demo_note(config, propel_registry) is None, override
+    measured = json.loads(DEMO_FIGURE.read_text())
+
+    def results(base, trained, shift, low, high):
+        return {
+            "base": {"utility": [base, 0.0]},
+            "trained": {"utility": [trained, 0.0], "vs_base": {"mean_difference": shift, "ci95": [low, high]}},
+        }
+
+    same = results(*(float(measured[key]) for key in ("base", "trained", "shift")), *map(float, measured["ci95"]))
+    config = load_config(str(DEMO_CONFIG), ["run_dir=elsewhere"], registry=propel_registry)
+    assert "This is the figure measured for this config, to the digit" in demo_figure_line(
+        config, propel_registry, same
+    )
+    other = results(0.5, 0.25, -0.25, -0.3, -0.2)
+    assert "this run's differs" in demo_figure_line(config, propel_registry, other)
+    for override in ("label.k=8", "solver.sampling.temperature=1.0", "domain.name=countdown", "train.steps=3"):
+        changed = load_config(str(DEMO_CONFIG), [override], registry=propel_registry)
+        assert demo_figure_line(changed, propel_registry, same) is None, override
 
 
 def test_plugins_json(propel_cli):

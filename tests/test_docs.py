@@ -146,3 +146,21 @@ def test_library_doc_runs_a_stage_from_python(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "generated 4 -> parsed" in out
     assert f"4 tasks, {sum(t.validity.valid for t in tasks)} valid; first: " in out
+
+
+def test_the_demo_figure_is_quoted_from_its_one_source():
+    """The README and docs/experiment.md quote the figure the demo's config gave, as
+    propel_core/configs/demo_figure.json keeps it (and `propel demo` reads it); none of them repeats
+    the 3-seed experiment's figures, which docs/experiment.md alone keeps."""
+    import json
+
+    figure = json.loads((ROOT / "propel_core" / "configs" / "demo_figure.json").read_text())
+    low, high = figure["ci95"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    experiment = " ".join((ROOT / "docs" / "experiment.md").read_text().split())
+    shift = f"{figure['base']} -> {figure['trained']}, a shift of {figure['shift']} with a 95%"
+    assert f"{shift} interval of [{low}, {high}]" in readme
+    assert f"{shift} paired bootstrap interval of [{low}, {high}] over {figure['contexts']} contexts" in experiment
+    assert f"{figure['minutes']} minutes" in experiment
+    for repeated in ("0.172", "0.348"):  # the experiment's headline figures: docs/experiment.md only
+        assert repeated not in readme and repeated not in (ROOT / "benchmarks" / "README.md").read_text()
