@@ -8,6 +8,7 @@ any model loads, naming the key, the bad value and what is allowed; names of plu
 from __future__ import annotations
 
 import logging
+import math
 import re
 import typing
 from pathlib import Path
@@ -212,11 +213,13 @@ class RewardConfig(Section):
     )
     r_bad: float | None = Field(
         None,
+        allow_inf_nan=False,
         description="reward of an invalid task; null: R_BAD_MARGIN below the lowest logit the probe gives a valid "
         "labeled task, for a rule paid in logits (hard, wco, adversarial), else the paper's -0.2",
     )
     overflow_reward: float | None = Field(
         None,
+        allow_inf_nan=False,
         description="reward of a completion cut off at the length limit; null: the calibrated r_bad, for a rule paid "
         "in logits, else the paper's 0.0",
     )
@@ -227,15 +230,21 @@ class RewardConfig(Section):
         """These settings with ``r_bad`` and ``overflow_reward`` set where they are null. A rule paid in
         logits (its valid tasks earn a probe logit) pays both ``R_BAD_MARGIN`` below ``lowest_logit``, the
         lowest logit the probe bundles it reads (``probes``, for the message) give any valid labeled task,
-        so no invalid or cut-off generation ever earns more than a valid one; any other rule keeps its
+        so no invalid or cut-off generation earns more than any valid task of that corpus (the policy's
+        own valid tasks may score lower still); any other rule keeps its
         own scale, with the paper's -0.2 and 0.0. An explicit value always wins."""
         if self.r_bad is not None and self.overflow_reward is not None:
             return self
         if not paid_in_logits:
             r_bad, overflow = PAPER_R_BAD, PAPER_OVERFLOW_REWARD
-        elif lowest_logit is None:
+        elif lowest_logit is None or not math.isfinite(lowest_logit):
+            found = (
+                "records no lowest valid logit"
+                if lowest_logit is None
+                else f"gives a valid task the logit {lowest_logit}"
+            )
             raise PropelError(
-                f"{probes} records no lowest valid logit (a bundle made before propel recorded it, or by hand), so "
+                f"{probes} {found} (a bundle made before propel recorded it, by hand, or a head that diverged), so "
                 "r_bad cannot be calibrated: run `propel probe` again, or set reward.r_bad and reward.overflow_reward"
             )
         else:

@@ -220,11 +220,13 @@ def solver_labels(
     run: Run, solver: ModelConfig, label: LabelConfig, seed: int, description: str = "solve"
 ) -> Callable[[list[Task]], list[Label]]:
     """A function that labels tasks now, with no file: what a reward that reads live solver utility
-    (the solver-in-the-loop baseline) calls once per batch."""
+    (the solver-in-the-loop baseline) calls once per batch, and an audit. Its labels come in the order
+    of the tasks given, whatever order their attempts finished in."""
 
     def solve(tasks: list[Task]) -> list[Label]:
         graded = graded_attempts(run, tasks, label.k, solver, seed, description=description)
-        return [label_of(task, attempts, label) for task, attempts in graded]
+        labels = {task.id: label_of(task, attempts, label) for task, attempts in graded}
+        return [labels[task.id] for task in tasks if task.id in labels]
 
     return solve
 

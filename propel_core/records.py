@@ -285,16 +285,21 @@ def keep_entries(log_path: Path, keep: Callable[[dict], bool]) -> None:
 def put_in_order(path: str | Path, record: type[R], key: Callable[[R], Any]) -> None:
     """Rewrite ``path`` whole with its records in ``key`` order, the lines themselves untouched, so a
     file written as threads finished holds the same bytes in every run of one seed (a file already in
-    order, or absent, is left alone). Whole or not at all: a crash leaves the file as it was."""
+    order, or absent, is left alone; a torn last line, from a crash, is dropped as readers drop it).
+    Whole or not at all: the new file is on disk before it replaces the old one."""
     path = Path(path)
     if not path.exists():
         return
-    lines = [line for line in path.read_bytes().splitlines(keepends=True) if line.strip()]
+    data = path.read_bytes()
+    lines = [line + b"\n" for line in data[: data.rfind(b"\n") + 1].split(b"\n") if line.strip()]
     ordered = sorted(lines, key=lambda line: key(decode(line, record)))
-    if ordered == lines:
+    if not data or (ordered == lines and data.endswith(b"\n")):
         return
     partial = path.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_bytes(b"".join(ordered))
+    with partial.open("wb") as out:
+        out.write(b"".join(ordered))
+        out.flush()
+        os.fsync(out.fileno())
     os.replace(partial, path)
 
 

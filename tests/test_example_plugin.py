@@ -83,13 +83,14 @@ def test_the_tiny_config_runs_every_stage_and_repeats_from_its_seed(propel_cli, 
     assert [name for name in sorted(first) if first[name] != again[name]] == []
 
 
-#: what TRL's log of a training (``train/log.jsonl``, a checkpoint's ``trainer_state.json``) says of how
-#: long work took: the one thing two runs of one seed may write differently, left out of their digests
-WALL_TIME = frozenset({"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"})
+#: what the logs of a training (TRL's ``train/log.jsonl`` and each checkpoint's ``trainer_state.json``,
+#: the audits' ``train/audit.jsonl`` and the best one's ``audit.json``) say of how long work took: the
+#: one thing two runs of one seed may write differently, left out of their digests
+WALL_TIME = frozenset({"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "seconds"})
 
 
 def digests(folder):
-    """sha256 of every file under ``folder`` by relative path; of TRL's logs, with WALL_TIME's keys left out."""
+    """sha256 of every file under ``folder`` by relative path; of the training's logs, without WALL_TIME's keys."""
     import hashlib
     import json
 
@@ -99,9 +100,9 @@ def digests(folder):
         return [timeless(item) for item in value] if isinstance(value, list) else value
 
     def content(path):
-        if path.name == "trainer_state.json":
+        if path.name in ("trainer_state.json", "audit.json"):
             return json.dumps(timeless(json.loads(path.read_text()))).encode()
-        if path.name == "log.jsonl":
+        if path.name in ("log.jsonl", "audit.jsonl"):
             return "\n".join(json.dumps(timeless(json.loads(line))) for line in path.read_text().splitlines()).encode()
         return path.read_bytes()
 

@@ -180,3 +180,63 @@ def test_an_unsettled_rule_refuses_to_pay_an_invalid_task(propel_registry):
     """A rule built on settings whose r_bad was never settled says so, instead of paying None."""
     with pytest.raises(RewardError, match="r_bad is not settled"):
         propel_registry.reward_rule("hard", RewardConfig())(task(False), {})
+
+
+@pytest.mark.parametrize("lowest", [math.nan, -math.inf])
+def test_a_non_finite_lowest_logit_is_refused(lowest):
+    with pytest.raises(PropelError, match="gives a valid task the logit"):
+        RewardConfig().settled(True, lowest, "the probe bundle p/")
+
+
+def test_each_rule_is_calibrated_on_the_bundles_it_pays_logits_of():
+    from pathlib import Path
+
+    from propel_core.training.generator_reward import logit_bundles
+
+    main, auxiliary, member = Path("main"), Path("aux"), Path("member")
+    assert logit_bundles(frozenset({"logit"}), [main, auxiliary, member]) == [main]  # hard: extra probes unread
+    assert logit_bundles(frozenset({"logit", "auxiliary_logit"}), [main, auxiliary, member]) == [main, auxiliary]
+    assert logit_bundles(frozenset({"ensemble_logits"}), [main, auxiliary, member]) == [main, auxiliary, member]
+    assert logit_bundles(frozenset({"probability"}), [main, auxiliary]) == []
+
+
+def bundle_at(folder, lowest):
+    from propel_core.records import ProbeBundle
+
+    folder.mkdir(parents=True)
+    description = ProbeBundle(
+        reference_model="m", layer=1, pooling="mean_full", architecture="linear", input_dim=2, max_length=8,
+        training_rows=1, lowest_valid_logit=lowest,
+    )  # fmt: skip
+    (folder / "probe.json").write_text(description.model_dump_json())
+    return folder
+
+
+def test_settled_from_the_bundles_and_an_explicit_r_bad_above_them_is_warned(propel_registry, tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from propel_core.training.generator_reward import settled_reward
+
+    run = SimpleNamespace(registry=propel_registry)
+    main, other = bundle_at(tmp_path / "main", -2.0), bundle_at(tmp_path / "other", -9.0)
+    hard = settled_reward(run, RewardConfig(probes=[str(other)]), [main, other])
+    assert (hard.r_bad, hard.overflow_reward) == (-2.0 - R_BAD_MARGIN,) * 2  # the unread bundle does not count
+    wco = settled_reward(run, RewardConfig(rule="wco", probes=[str(other)]), [main, other])
+    assert wco.r_bad == -9.0 - R_BAD_MARGIN
+    assert settled_reward(run, RewardConfig(rule="soft"), [main]).r_bad == PAPER_R_BAD
+    assert not caplog.records
+    explicit = settled_reward(run, RewardConfig(r_bad=-0.2), [main])
+    assert (explicit.r_bad, explicit.overflow_reward) == (-0.2, -2.0 - R_BAD_MARGIN)
+    assert "reward.r_bad -0.2 is above the lowest logit -2.0" in caplog.text
+    with pytest.raises(PropelError, match=r"no probe bundle in .*missing: run `propel probe` first"):
+        settled_reward(run, RewardConfig(), [tmp_path / "missing"])
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_an_explicit_reward_must_be_finite(value):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        RewardConfig(r_bad=value)
+    with pytest.raises(ValidationError):
+        RewardConfig(overflow_reward=value)

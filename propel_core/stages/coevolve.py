@@ -25,7 +25,7 @@ from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run, log
 from propel_core.training.checkpoints import prepare_folder
 from propel_core.training.generator import train_generator
-from propel_core.training.generator_reward import reward_reads
+from propel_core.training.generator_reward import main_probe, reward_reads, settled_reward
 
 
 def coevolve(run: Run) -> None:
@@ -33,6 +33,9 @@ def coevolve(run: Run) -> None:
     config = run.config
     selected = run.input("probes/selected", made_by="probe")
     folder = run.dir / "coevolve"
+    # refused now, not after the extra probes trained: a main bundle whose lowest valid logit is unknown
+    mode = config.reward.model_copy(update={"rule": config.coevolve.mode})
+    settled_reward(run, mode, [main_probe(run, mode)])
     if config.coevolve.mode == "adversarial":
         extra = [auxiliary_probe(run, folder / "auxiliary", config.coevolve, config.probe, config.seed)]
     else:

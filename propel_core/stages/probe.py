@@ -52,7 +52,7 @@ def probe(run: Run) -> None:
     solve_rates = torch.tensor([label.solve_rate for label in labels], dtype=torch.float)
     groups = [tasks[label.task_id].context_id for label in labels]
     rvp_tasks = [tasks[task_id] for task_id in sorted(tasks)][: probe_config.rvp_samples]
-    paid = paid_in_logits(run.registry.reward_rule(config.reward.rule, config.reward))
+    paid = paid_in_logits(run.registry.reward_rule(config.reward.rule, config.reward.settled(False, None)))
     # the exact reward each cell's head would pay: a calibrated r_bad sits below that head's own logits
     rule_at = lambda lowest: run.registry.reward_rule(config.reward.rule, config.reward.settled(paid, lowest))  # noqa: E731
     log.info("%d labeled rows (%d in band); RVP over %d base-policy tasks", len(y), int(y.sum()), len(rvp_tasks))
@@ -92,8 +92,11 @@ def probe(run: Run) -> None:
                 result |= {
                     f"test_{k}": v for k, v in metrics(y[test], trained.logits(x[test]), solve_rates[test]).items()
                 }
+                lowest = trained.lowest_logit(x)  # a head that diverged has no reward to take the variance of
                 result |= {
-                    "rvp": rvp(rule_at(trained.lowest_logit(x)), rvp_tasks, rvp_x[cell[0], cell[1]], trained),
+                    "rvp": rvp(rule_at(lowest), rvp_tasks, rvp_x[cell[0], cell[1]], trained)
+                    if math.isfinite(lowest)
+                    else math.nan,
                     "epochs": trained.epochs,
                     "train_rows": len(job.train),
                     "val_rows": len(val),

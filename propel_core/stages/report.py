@@ -346,7 +346,8 @@ def audit_section(folder: Path, entries: list[dict]) -> str:
         return ""
     figure = folder / "audit.png"
     audit_curves(figure, entries, audits)
-    keys = ["step", "utility", "in_band_rate", "probe_probability", "gap", "auroc", "valid_rate", "trials", "seconds"]
+    # not the seconds each took (audit.jsonl keeps them): the page of one seed is the same page every run
+    keys = ["step", "utility", "in_band_rate", "probe_probability", "gap", "auroc", "valid_rate", "trials"]
     rows = [
         [audit.get(key) for key in keys] if "error" not in audit else [audit["step"], f"failed: {audit['error']}"]
         for audit in audits

@@ -71,7 +71,24 @@ def train_and_save(trainer, folder: Path, checkpoint: Path | None = None, finish
             log.info("resuming from %s (checkpoint.resume: false starts over)", checkpoint)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         trainer.save_model(str(folder / "adapter"))
+        sort_card_tags(folder / "README.md")
         history = trainer.state.log_history
     with (folder / "log.jsonl").open("w") as handle:
         for entry in history:
             handle.write(json.dumps(entry) + "\n")
+
+
+def sort_card_tags(card: Path) -> None:
+    """Sort the tags of TRL's model card (``README.md`` of a training folder): TRL lists them from a set,
+    in an order string hashing changes from process to process, and two runs of one seed should write
+    the same card."""
+    if not card.exists():
+        return
+    lines = card.read_text().split("\n")
+    if "tags:" not in lines:
+        return
+    start = lines.index("tags:") + 1
+    end = start
+    while end < len(lines) and lines[end].startswith("- "):
+        end += 1
+    card.write_text("\n".join([*lines[:start], *sorted(lines[start:end]), *lines[end:]]))

@@ -9,6 +9,7 @@ configured reward rule. A completion cut off at the length limit gets ``reward.o
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from propel_core.run import Run
     from propel_core.training.audit import Audit
 
+
+log = logging.getLogger("propel")
 
 #: completions kept per reward call (``completions.jsonl``), and the characters kept of each
 SAMPLED, SAMPLED_CHARS = 4, 4000
@@ -224,17 +227,47 @@ def main_probe(run: Run, reward: RewardConfig) -> Path:
 
 def settled_reward(run: Run, reward: RewardConfig, bundles: list[Path]) -> RewardConfig:
     """``reward`` with r_bad and the overflow reward it leaves null set (``RewardConfig.settled``): for a
-    rule paid in logits, below the lowest logit any of ``bundles`` (those it reads) gives a valid
-    labeled task."""
-    rule = run.registry.reward_rule(reward.rule, reward)
-    if not paid_in_logits(rule) or (reward.r_bad is not None and reward.overflow_reward is not None):
-        return reward.settled(paid_in_logits(rule), None)
-    missing = [bundle for bundle in bundles if not (Path(bundle) / "probe.json").exists()]
-    if missing:
+    rule paid in logits, below the lowest logit any bundle it reads a logit of gives a valid labeled
+    task (``bundles``: main first, then ``reward.probes``; see ``logit_bundles``). An explicit r_bad
+    above that logit is kept, with a warning: invalid tasks then earn more than some valid ones."""
+    rule = rule_of(run, reward)
+    if not paid_in_logits(rule):
+        return reward.settled(False, None)
+    unset = reward.r_bad is None or reward.overflow_reward is None
+    read = logit_bundles(rule.needs, [Path(bundle) for bundle in bundles])
+    missing = [bundle for bundle in read if not (bundle / "probe.json").exists()]
+    if missing and unset:
         raise PropelError(f"no probe bundle in {missing[0]}: run `propel probe` first")
-    lowest = [read_bundle(bundle).lowest_valid_logit for bundle in bundles]
-    unknown = [str(bundle) for bundle, logit in zip(bundles, lowest, strict=True) if logit is None]
+    if missing:  # nothing to calibrate: the scorer refuses the missing bundle itself
+        return reward
+    lowest = [read_bundle(bundle).lowest_valid_logit for bundle in read]
+    known = [logit for logit in lowest if logit is not None]
+    if reward.r_bad is not None and known and reward.r_bad > min(known):
+        log.warning(
+            "reward.r_bad %s is above the lowest logit %s the probe gives a valid labeled task: an invalid task "
+            "earns more than some valid ones (left null, it is calibrated below them: docs/config.md)",
+            reward.r_bad,
+            min(known),
+        )
+    if not unset:
+        return reward
+    unknown = [str(bundle) for bundle, logit in zip(read, lowest, strict=True) if logit is None]
     return reward.settled(True, None if unknown else min(lowest), f"the probe bundle {', '.join(unknown)}")
+
+
+def logit_bundles(needs: frozenset[str], bundles: list[Path]) -> list[Path]:
+    """The bundles whose logits a rule reading ``needs`` pays: the main one for ``logit``, the first of
+    ``reward.probes`` for ``auxiliary_logit``, every one for ``ensemble_logits`` (and for a rule
+    registered without ``needs``)."""
+    if "ensemble_logits" in needs:
+        return bundles
+    return [*bundles[:1] * ("logit" in needs), *bundles[1:2] * ("auxiliary_logit" in needs)]
+
+
+def rule_of(run: Run, reward: RewardConfig) -> RewardRule:
+    """The rule ``reward`` names, built to ask what it reads: on settings settled as for a rule not
+    paid in logits, since a factory may read r_bad before training has settled it."""
+    return run.registry.reward_rule(reward.rule, reward.settled(False, None))
 
 
 def reward_reads(run: Run, reward: RewardConfig) -> tuple[tuple[str, ...], dict[str, Any]]:
@@ -243,10 +276,13 @@ def reward_reads(run: Run, reward: RewardConfig) -> tuple[tuple[str, ...], dict[
     live solver utility), the content of each probe bundle the rule reads (whatever its path), and
     the r_bad and overflow reward it pays (calibrated from those bundles where the config leaves them
     null)."""
-    rule = run.registry.reward_rule(reward.rule, reward)
+    rule = rule_of(run, reward)
     keys = (f"reward.options.{reward.rule}", *(SOLVER_KEYS if "solver_utility" in rule.needs else ()))
     bundles = [main_probe(run, reward), *map(Path, reward.probes)] if reads_probe(rule) else []
-    settled = settled_reward(run, reward, bundles)
+    try:
+        settled = settled_reward(run, reward, bundles)
+    except PropelError:  # a bundle missing, or without its lowest logit: the claim refuses a changed setting
+        settled = reward  # first, and the scorer refuses the bundle after it
     return keys, {
         "reward.bundles": [folder_digest(bundle) for bundle in bundles],
         "reward.r_bad": settled.r_bad,

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from propel_core.probes.heads import TrainedProbe
 from propel_core.probes.metrics import spearman
+from propel_core.training.trainer import SortedSet
 
 
 def ordered_pairs(
@@ -91,7 +92,11 @@ def with_lora(model, adapter: str | None, config, seed: int):
     from peft import PeftModel, get_peft_model
 
     if adapter:
-        return PeftModel.from_pretrained(model, adapter, is_trainable=True).eval()
+        loaded = PeftModel.from_pretrained(model, adapter, is_trainable=True).eval()
+        saved = loaded.peft_config["default"]
+        if isinstance(saved.target_modules, set):  # written back sorted, as lora_config's are
+            saved.target_modules = SortedSet(saved.target_modules)
+        return loaded
     torch.manual_seed(seed)
     return get_peft_model(model, config).eval()
 
