@@ -52,9 +52,7 @@ def probe(run: Run) -> None:
     solve_rates = torch.tensor([label.solve_rate for label in labels], dtype=torch.float)
     groups = [tasks[label.task_id].context_id for label in labels]
     rvp_tasks = [tasks[task_id] for task_id in sorted(tasks)][: probe_config.rvp_samples]
-    paid = paid_in_logits(run.registry.reward_rule(config.reward.rule, config.reward.settled(False, None)))
-    # the exact reward each cell's head would pay: a calibrated r_bad sits below that head's own logits
-    rule_at = lambda lowest: run.registry.reward_rule(config.reward.rule, config.reward.settled(paid, lowest))  # noqa: E731
+    rule_at = rule_of_cell(run)
     log.info("%d labeled rows (%d in band); RVP over %d base-policy tasks", len(y), int(y.sum()), len(rvp_tasks))
 
     pairs = [(architecture, balance) for architecture in probe_config.architectures for balance in probe_config.balance]
@@ -92,11 +90,8 @@ def probe(run: Run) -> None:
                 result |= {
                     f"test_{k}": v for k, v in metrics(y[test], trained.logits(x[test]), solve_rates[test]).items()
                 }
-                lowest = trained.lowest_logit(x)  # a head that diverged has no reward to take the variance of
                 result |= {
-                    "rvp": rvp(rule_at(lowest), rvp_tasks, rvp_x[cell[0], cell[1]], trained)
-                    if math.isfinite(lowest)
-                    else math.nan,
+                    "rvp": rvp(rule_at, rvp_tasks, rvp_x[cell[0], cell[1]], trained, x),
                     "epochs": trained.epochs,
                     "train_rows": len(job.train),
                     "val_rows": len(val),
@@ -194,10 +189,24 @@ def _cells_done(where: list[tuple], advance):
     return finished
 
 
-def rvp(rule, tasks: list[Task], features: dict, trained) -> float:
+def rule_of_cell(run: Run):
+    """``rule_at(lowest)``: the run's reward rule as a cell's head would be paid by it, its r_bad and
+    overflow reward settled below that head's own lowest valid logit where the config leaves them null."""
+    reward = run.config.reward
+    paid = paid_in_logits(run.registry.reward_rule(reward.rule, reward.settled(False, None)))
+    return lambda lowest: run.registry.reward_rule(reward.rule, reward.settled(paid, lowest))
+
+
+def rvp(rule_at, tasks: list[Task], features: dict, trained, labeled) -> float:
     """Reward variance under the base policy: the exact RL reward of each base-policy task, whose
-    probe scores come from its activations (tasks that never parsed have none)."""
+    probe scores come from its activations (tasks that never parsed have none), under ``rule_at``
+    settled at the lowest logit the head gives a ``labeled`` row (NaN for a head that diverged)."""
     import torch
+
+    lowest = trained.lowest_logit(labeled)
+    if not math.isfinite(lowest):
+        return math.nan
+    rule = rule_at(lowest)
 
     scored = [t.id for t in tasks if t.id in features]
     logits = (
