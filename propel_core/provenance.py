@@ -16,11 +16,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from propel_core.errors import PropelError
+from propel_core.records import replace_whole
 
 EVAL_MORE = ("label.min_valid_attempts", "generate.context_sampler", "generate.sampler_options")
 #: the reward settings every rule shares; a rule's own options (``reward.options.RULE``) are added by the
@@ -141,9 +141,7 @@ def claim(
         )
     recorded[output] = now
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".{os.getpid()}.tmp")  # whole or not at all, whoever reads it meanwhile
-    partial.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
-    os.replace(partial, path)
+    replace_whole(path, (json.dumps(recorded, indent=2, sort_keys=True) + "\n").encode())
 
 
 def holds_records(*paths: Path) -> bool:
@@ -182,9 +180,7 @@ def record_refusal(run_dir: Path, stage: str, reason: str | None, blocks: tuple[
             found.pop(stage)
         else:
             found[stage] = {"reason": reason, "blocks": list(blocks)}
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(found, indent=2) + "\n")
-        os.replace(partial, path)
+        replace_whole(path, (json.dumps(found, indent=2) + "\n").encode())
 
 
 def refusals(run_dir: Path) -> dict[str, dict[str, Any]]:

@@ -277,16 +277,14 @@ def keep_entries(log_path: Path, keep: Callable[[dict], bool]) -> None:
                 kept.append(line)
         except (ValueError, KeyError):  # a line torn by the kill
             continue
-    staging = log_path.with_name(f"{log_path.name}.tmp")
-    staging.write_text("".join(line + "\n" for line in kept))
-    os.replace(staging, log_path)
+    replace_whole(log_path, "".join(line + "\n" for line in kept).encode())
 
 
 def put_in_order(path: str | Path, record: type[R], key: Callable[[R], Any]) -> None:
     """Rewrite ``path`` whole with its records in ``key`` order, the lines themselves untouched, so a
     file written as threads finished holds the same bytes in every run of one seed (a file already in
-    order, or absent, is left alone; a torn last line, from a crash, is dropped as readers drop it).
-    Whole or not at all: the new file is on disk before it replaces the old one."""
+    order, or absent, is left alone; a torn last line, from a crash, is dropped as readers drop it),
+    replaced whole."""
     path = Path(path)
     if not path.exists():
         return
@@ -295,9 +293,15 @@ def put_in_order(path: str | Path, record: type[R], key: Callable[[R], Any]) -> 
     ordered = sorted(lines, key=lambda line: key(decode(line, record)))
     if not data or (ordered == lines and data.endswith(b"\n")):
         return
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    replace_whole(path, b"".join(ordered))
+
+
+def replace_whole(path: Path, data: bytes) -> None:
+    """``path`` holds ``data``, whole or not at all: written beside it, on disk, then moved over it, so a
+    kill or a crash meanwhile leaves the old file or the new one."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with partial.open("wb") as out:
-        out.write(b"".join(ordered))
+        out.write(data)
         out.flush()
         os.fsync(out.fileno())
     os.replace(partial, path)

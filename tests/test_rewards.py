@@ -224,6 +224,7 @@ def test_settled_from_the_bundles_and_an_explicit_r_bad_above_them_is_warned(pro
     wco = settled_reward(run, RewardConfig(rule="wco", probes=[str(other)]), [main, other])
     assert wco.r_bad == -9.0 - R_BAD_MARGIN
     assert settled_reward(run, RewardConfig(rule="soft"), [main]).r_bad == PAPER_R_BAD
+    settled_reward(run, RewardConfig(r_bad=-0.2), [main], quiet=True)  # a check before training: the scorer warns
     assert not caplog.records
     explicit = settled_reward(run, RewardConfig(r_bad=-0.2), [main])
     assert (explicit.r_bad, explicit.overflow_reward) == (-0.2, -2.0 - R_BAD_MARGIN)

@@ -35,7 +35,7 @@ def coevolve(run: Run) -> None:
     folder = run.dir / "coevolve"
     # refused now, not after the extra probes trained: a main bundle whose lowest valid logit is unknown
     mode = config.reward.model_copy(update={"rule": config.coevolve.mode})
-    settled_reward(run, mode, [main_probe(run, mode)])
+    settled_reward(run, mode, [main_probe(run, mode)], quiet=True)
     if config.coevolve.mode == "adversarial":
         extra = [auxiliary_probe(run, folder / "auxiliary", config.coevolve, config.probe, config.seed)]
     else:

@@ -30,6 +30,7 @@ from propel_core.probes.heads import ProbeJob, fit_temperature, train_probes
 from propel_core.probes.metrics import calibration_bins, metrics
 from propel_core.records import Label, ProbeBundle, Task, iter_jsonl
 from propel_core.run import Run, log
+from propel_core.training.generator_reward import rule_of
 
 FEATURE_BYTES = 512 << 20  # feature matrices whose heads train together (they are copied once more)
 
@@ -193,7 +194,7 @@ def rule_of_cell(run: Run):
     """``rule_at(lowest)``: the run's reward rule as a cell's head would be paid by it, its r_bad and
     overflow reward settled below that head's own lowest valid logit where the config leaves them null."""
     reward = run.config.reward
-    paid = paid_in_logits(run.registry.reward_rule(reward.rule, reward.settled(False, None)))
+    paid = paid_in_logits(rule_of(run, reward))
     return lambda lowest: run.registry.reward_rule(reward.rule, reward.settled(paid, lowest))
 
 

@@ -225,11 +225,12 @@ def main_probe(run: Run, reward: RewardConfig) -> Path:
     return Path(reward.main_probe) if reward.main_probe else run.dir / "probes" / "selected"
 
 
-def settled_reward(run: Run, reward: RewardConfig, bundles: list[Path]) -> RewardConfig:
+def settled_reward(run: Run, reward: RewardConfig, bundles: list[Path], quiet: bool = False) -> RewardConfig:
     """``reward`` with r_bad and the overflow reward it leaves null set (``RewardConfig.settled``): for a
     rule paid in logits, below the lowest logit any bundle it reads a logit of gives a valid labeled
     task (``bundles``: main first, then ``reward.probes``; see ``logit_bundles``). An explicit r_bad
-    above that logit is kept, with a warning: invalid tasks then earn more than some valid ones."""
+    above that logit is kept, with a warning (unless ``quiet``: a check before the training that will
+    say it): invalid tasks then earn more than some valid ones."""
     rule = rule_of(run, reward)
     if not paid_in_logits(rule):
         return reward.settled(False, None)
@@ -242,7 +243,7 @@ def settled_reward(run: Run, reward: RewardConfig, bundles: list[Path]) -> Rewar
         return reward
     lowest = [read_bundle(bundle).lowest_valid_logit for bundle in read]
     known = [logit for logit in lowest if logit is not None]
-    if reward.r_bad is not None and known and reward.r_bad > min(known):
+    if not quiet and reward.r_bad is not None and known and reward.r_bad > min(known):
         log.warning(
             "reward.r_bad %s is above the lowest logit %s the probe gives a valid labeled task: an invalid task "
             "earns more than some valid ones (left null, it is calibrated below them: docs/config.md)",
@@ -280,7 +281,7 @@ def reward_reads(run: Run, reward: RewardConfig) -> tuple[tuple[str, ...], dict[
     keys = (f"reward.options.{reward.rule}", *(SOLVER_KEYS if "solver_utility" in rule.needs else ()))
     bundles = [main_probe(run, reward), *map(Path, reward.probes)] if reads_probe(rule) else []
     try:
-        settled = settled_reward(run, reward, bundles)
+        settled = settled_reward(run, reward, bundles, quiet=True)  # the training's scorer warns, once
     except PropelError:  # a bundle missing, or without its lowest logit: the claim refuses a changed setting
         settled = reward  # first, and the scorer refuses the bundle after it
     return keys, {
