@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from propel_core import hookimpl
-from propel_core.backend import HiddenStates, Prompt, prompt_text
+from propel_core.backend import Completion, HiddenStates, Prompt, before_stop, end_tokens, prompt_text
 from propel_core.config import ModelConfig, Sampling
 from propel_core.embedded import resolve_model
 from propel_core.errors import PropelError
@@ -117,6 +117,8 @@ class TransformersBackend:
                 self.model.base_model(**start, **{self._cache: cache}, use_cache=True)
                 cache.batch_select_indices(rows)
                 options[self._cache] = cache  # generate runs only the uncached last token
+            if sampling.stop:
+                options |= {"stop_strings": sampling.stop, "tokenizer": self.tokenizer}
             out = self.model.generate(
                 input_ids=ids[rows],
                 attention_mask=mask[rows],
@@ -126,7 +128,14 @@ class TransformersBackend:
                 logits_processor=processors,
                 **options,
             )
-        return self.tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+        new = out[:, ids.shape[1] :]
+        ending = torch.tensor(sorted(end_tokens(self.tokenizer, self.model.generation_config)), device=new.device)
+        ends = torch.isin(new, ending).any(dim=1).tolist()
+        completions = []
+        for text, ended in zip(self.tokenizer.batch_decode(new, skip_special_tokens=True), ends, strict=True):
+            kept = before_stop(text, sampling.stop)  # a row that stopped holds its stop string
+            completions.append(Completion(kept, cut_off=not ended and kept == text))
+        return completions
 
     @property
     def _cache(self) -> str:

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from propel_core import hookimpl
-from propel_core.backend import HiddenStates, Prompt, as_messages, prefill
+from propel_core.backend import Completion, HiddenStates, Prompt, as_messages, prefill
 from propel_core.config import ModelConfig, Sampling
 from propel_core.errors import PropelError
 
@@ -90,9 +90,11 @@ class OpenAIBackend:
             body["top_k"] = sampling.top_k
         if seed is not None:
             body["seed"] = seed
+        if sampling.stop:
+            body["stop"] = sampling.stop
         if isinstance(prompt, str) and not self.config.chat_template:
             choices = self._post("/completions", body | {"prompt": prompt})
-            return [choice["text"] for choice in choices]
+            return [_completion(choice["text"], choice) for choice in choices]
         messages, start = as_messages(prompt), prefill(prompt)
         if start and extensions:  # continue the final assistant message (vLLM's and SGLang's chat extension)
             body |= {"continue_final_message": True, "add_generation_prompt": False}
@@ -106,7 +108,7 @@ class OpenAIBackend:
         texts = [choice["message"]["content"] or "" for choice in choices]
         if start and not extensions:
             texts = [text.lstrip()[len(start) :] if text.lstrip().startswith(start) else text for text in texts]
-        return texts
+        return [_completion(text, choice) for text, choice in zip(texts, choices, strict=True)]
 
     def _post(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         headers = {"Content-Type": "application/json"}
@@ -162,3 +164,8 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     except (TypeError, ValueError, IndexError):
         return None
     return min(MAX_WAIT, max(0.0, when - (time.time() if now is None else now)))
+
+
+def _completion(text: str, choice: dict[str, Any]) -> Completion:
+    """A choice's text, saying whether the length limit ended it (``finish_reason``)."""
+    return Completion(text, cut_off=choice.get("finish_reason") == "length")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from propel_core import hookimpl
-from propel_core.backend import HiddenStates, Prompt, as_messages, as_text, prefill
+from propel_core.backend import Completion, HiddenStates, Prompt, as_messages, as_text, prefill
 from propel_core.config import ModelConfig, Sampling
 from propel_core.embedded import resolve_model
 from propel_core.errors import PropelError
@@ -254,6 +254,7 @@ class VLLMBackend:
                 top_p=sampling.top_p,
                 top_k=sampling.top_k if sampling.top_k > 0 else -1,
                 max_tokens=sampling.max_new_tokens,
+                stop=sampling.stop or None,
                 seed=one,
             )
             for one in seeds
@@ -262,7 +263,7 @@ class VLLMBackend:
         if not self.config.chat_template:
             texts = [as_text(p) for p in prompts]
             for i, output in enumerate(self.llm.generate(texts, params, use_tqdm=False, lora_request=self.lora)):
-                results[i] = [completion.text for completion in output.outputs]
+                results[i] = _completions(output)
             return results
         # prefilled and fresh conversations differ in one engine flag, so they go as two calls
         for continuing in (False, True):
@@ -279,7 +280,7 @@ class VLLMBackend:
                 lora_request=self.lora,
             )
             for i, output in zip(chosen, outputs, strict=True):
-                results[i] = [completion.text for completion in output.outputs]
+                results[i] = _completions(output)
         return results
 
     def hidden_states(self, texts: list[str], layers: list[int], max_length: int) -> HiddenStates:
@@ -336,3 +337,8 @@ def _reason(exc: BaseException) -> str:
     if "Engine core initialization failed" in line:
         return "its engine process failed at start; vLLM's log above says why (memory, lengths, the model)"
     return line
+
+
+def _completions(output) -> list[Completion]:
+    """A request's samples, each saying whether the length limit ended it."""
+    return [Completion(sample.text, cut_off=sample.finish_reason == "length") for sample in output.outputs]

@@ -20,7 +20,9 @@ PUBLIC = {
     ),
     "propel_core.errors": ("PropelError", "RewardError", "Unavailable"),
     "propel_core.config": ("ModelConfig", "Sampling", "RewardConfig", "PropelConfig", "load_config"),
-    "propel_core.backend": ("ModelBackend", "HiddenStates", "Prompt", "as_messages", "as_text", "prefill"),
+    "propel_core.backend": (
+        "ModelBackend", "HiddenStates", "Prompt", "Completion", "as_messages", "as_text", "prefill",
+    ),
     "propel_core.contracts": (
         "RewardRule", "ContextSampler", "Sandbox", "RepositorySandbox", "Workspace", "Outcome", "Executor",
         "JobRunner", "Job", "Attempt", "Episode", "Grading",

@@ -16,6 +16,41 @@ if TYPE_CHECKING:
 Prompt = str | list[dict[str, str]]
 
 
+class Completion(str):
+    """A completion's text that knows whether the length limit cut it off (``cut_off``) instead of
+    the model ending it (an end-of-sequence token or a stop string). A backend that cannot tell
+    returns plain strings, which count as finished."""
+
+    cut_off: bool
+
+    def __new__(cls, text: str, cut_off: bool) -> Completion:
+        completion = super().__new__(cls, text)
+        completion.cut_off = cut_off
+        return completion
+
+    def __reduce__(self):
+        return Completion, (str(self), self.cut_off)
+
+
+def was_cut_off(text: str) -> bool:
+    """Whether ``text`` is a completion the length limit cut off."""
+    return isinstance(text, Completion) and text.cut_off
+
+
+def before_stop(text: str, stop: list[str]) -> str:
+    """``text`` up to the first of the ``stop`` strings it holds (the stop string left out, as vLLM
+    and OpenAI-compatible servers leave it out); all of it where it holds none."""
+    ends = [found for found in (text.find(s) for s in stop) if found >= 0]
+    return text[: min(ends)] if ends else text
+
+
+def end_tokens(tokenizer, generation_config) -> set[int]:
+    """The tokens a Hugging Face model's generated row ends with, or is padded with once it ended."""
+    eos = generation_config.eos_token_id
+    ends = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    return ends - {None}
+
+
 def as_messages(prompt: Prompt) -> list[dict[str, str]]:
     """The prompt as chat messages: plain text becomes one user message."""
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
@@ -70,6 +105,9 @@ class ModelBackend(Protocol):
         completions must depend on its own seed only, never on the other prompts of the call (the
         executors batch the turns of unrelated jobs). Sampling is always the caller's: one backend
         instance serves every role that names its model.
+
+        A completion ends at the first of ``sampling.stop`` it writes, which it does not include; one
+        the ``sampling.max_new_tokens`` limit ended is a :class:`Completion` with ``cut_off`` set.
         """
 
     def hidden_states(self, texts: list[str], layers: list[int], max_length: int) -> HiddenStates:

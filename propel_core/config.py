@@ -71,6 +71,15 @@ class Sampling(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 turns top-k filtering off")
     max_new_tokens: int = Field(512, gt=0)
+    stop: list[typing.Annotated[str, Field(min_length=1)]] = Field(
+        [],
+        description="strings that end a completion where it first writes one (left out of it); a domain's "
+        "own stop strings are added for its generator",
+    )
+
+    def stopping_at(self, stop: typing.Sequence[str]) -> Sampling:
+        """These knobs with ``stop`` added to the stop strings (each once, the added ones first)."""
+        return self.model_copy(update={"stop": list(dict.fromkeys([*stop, *self.stop]))})
 
 
 class ModelConfig(Section):

@@ -108,6 +108,10 @@ class Domain(ABC):
     #: whose generator is a program (the swe domain's ``generator: procedural``) says False, and the
     #: core then never loads that model for it (generate, evaluate) and refuses to train it
     uses_generator_model: bool = True
+    #: strings that end the generator's completion where it first writes one (a single-turn task's
+    #: end: "\n" for a one-line task), added to ``generator.sampling.stop``; every backend and the
+    #: ``train`` stage's generation stop there, and leave the stop string out
+    stop_strings: Sequence[str] = ()
     #: options that hold another component's options, checked against it when the config is read:
     #: ``{"sandbox_options": ("sandboxes", "sandbox")}`` (the options of the sandbox option ``sandbox`` names)
     component_options: ClassVar[dict[str, tuple[str, str]]] = {}
@@ -187,6 +191,10 @@ class Domain(ABC):
         return None
 
 
+#: the reason a generation the length limit cut off is invalid
+CUT_OFF = "cut off: the length limit ended the generation before the model did"
+
+
 def make_task(
     task_id: str,
     domain: Domain,
@@ -194,14 +202,20 @@ def make_task(
     generation: str,
     generator: str,
     predicates: dict[str, ValidityPredicate],
+    cut_off: bool = False,
 ) -> Task:
-    """Parse, render and check one generation. Never raises on what the model wrote: a parser,
+    """Parse, render and check one generation. A generation the length limit ``cut_off`` is invalid
+    unparsed (:data:`CUT_OFF`), in generate, evaluate and train alike: what it would have gone on to
+    write is unknown. Never raises on what the model wrote: a parser,
     renderer or predicate that fails unexpectedly rejects the task with the error as its reason, and
     a payload a record cannot hold exactly (``records.check_value``: too deep, a non-finite number...)
     is rejected at parse time, so the task stored is always the task checked."""
+    generation = str(generation)  # a plain string: the domain may keep it whole in the payload
     fields: dict[str, Any] = dict(
         id=task_id, domain=domain.name, context_id=context.id, generation=generation, generator=generator
     )
+    if cut_off:
+        return Task(**fields, validity=Validity.reject(CUT_OFF))
     step = "parse"
     try:
         payload = domain.parse(generation)
@@ -232,6 +246,7 @@ def grade_attempt(domain: Domain, task: Task, text: str) -> SolverAttempt:
     """One solver attempt at ``task``, graded by its domain; a grader that fails unexpectedly makes
     the attempt ungradable, with the error as its reason, instead of ending the stage (the caller
     tells the user: ``execution.note_ungradable``, once per kind of error, not per attempt)."""
+    text = str(text)  # a plain string, as the grader may keep it whole in the verdict's diagnostics
     try:
         verdict = domain.grade(task.payload, text)
         # a Verdict made anew, with its checks: a grader may change one after making it, subclass it

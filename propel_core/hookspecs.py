@@ -100,6 +100,10 @@ def register_domains(register):
       loads the generator model for its generations (generate, evaluate: no weights read, no backend
       built, and a reply asked for anyway is an error) and ``train`` refuses, there being no model to
       train;
+    - ``stop_strings`` (class attribute, default none): strings that end a single-turn generation
+      where the generator first writes one (``("\\n",)`` for a one-line task), added to
+      ``generator.sampling.stop``; every backend and ``train``'s generation stop there and leave the
+      string out. A generation the length limit cuts off first is an invalid task everywhere;
     - ``episode_contexts(contexts, seed)``: the contexts a run's generations get (generation ``i`` the
       ``i``-th), from those drawn for them and the run's seed, made once by the driver before any
       generation runs; by default the drawn ones. A domain that deals something out without
@@ -165,7 +169,10 @@ def register_model_backends(register):
     (``options``: the role's ``options``, checked against the factory's signature when the config is
     read) returns a ``propel_core.backend.ModelBackend``: a ``model_id``,
     ``generate(prompts, sampling, n=1, seed=None) -> list[list[str]]`` (``n`` completions per prompt
-    in one batched call, with the caller's sampling knobs) and
+    in one batched call, with the caller's sampling knobs, each ending before the first of
+    ``sampling.stop`` it writes; one the ``max_new_tokens`` limit ended is returned as
+    ``propel_core.backend.Completion(text, cut_off=True)``, which generate records as an invalid
+    task, and plain strings count as finished) and
     ``hidden_states(texts, layers, max_length) -> HiddenStates`` (hidden states at chosen layers).
 
     Each model role in config (``generator``, ``reference``, ``solver``) names its backend. The core

@@ -392,6 +392,7 @@ class LoopbackServer:
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
 
     def choices(self, body: dict) -> list[dict]:
+        from propel_core.backend import was_cut_off
         from propel_core.config import Sampling
 
         time.sleep(self.delay)  # long enough for concurrent requests to overlap, where a test needs it
@@ -400,6 +401,7 @@ class LoopbackServer:
             top_p=body["top_p"],
             top_k=body.get("top_k", 0),
             max_new_tokens=body["max_tokens"],
+            stop=body.get("stop", []),
         )
         prompt = body.get("messages") or body["prompt"]
         n = body["n"] if self.max_choices is None else min(body["n"], self.max_choices)
@@ -407,7 +409,11 @@ class LoopbackServer:
             (texts,) = self.backend.generate([prompt], sampling, n=max(n, 1), seed=body.get("seed"))
         key = "message" if "messages" in body else "text"
         choices = [
-            {"index": i, key: {"role": "assistant", "content": t} if key == "message" else t}
+            {
+                "index": i,
+                key: {"role": "assistant", "content": t} if key == "message" else t,
+                "finish_reason": "length" if was_cut_off(t) else "stop",
+            }
             for i, t in enumerate(texts[:n])
         ]
         return list(reversed(choices))  # order must not matter

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from propel_core.backend import prefill
+from propel_core.backend import Completion, prefill, was_cut_off
 from propel_core.config import DomainConfig, ModelConfig, Sampling
 from propel_core.contracts import Attempt, Episode, Grading, Job
 from propel_core.domain import Messages, Reply, grade_attempt, make_task
@@ -27,13 +27,15 @@ Generate = Callable[..., list[list[str]]]
 
 def model_reply(generate: Generate, sampling: Sampling, seed: int) -> Reply:
     """A ``Reply`` that asks the model for one completion of the conversation per turn; turn ``i`` is
-    seeded ``seed + i``, so an episode replays exactly. The reply includes the prompt's prefill."""
+    seeded ``seed + i``, so an episode replays exactly. The reply includes the prompt's prefill, and
+    says whether the length limit cut it off (a ``Completion``)."""
     turn = 0
 
     def reply(messages: Messages) -> str:
         nonlocal turn
         turn += 1
-        return prefill(messages) + generate([messages], sampling, n=1, seed=[seed + turn - 1])[0][0]
+        completion = generate([messages], sampling, n=1, seed=[seed + turn - 1])[0][0]
+        return Completion(prefill(messages) + completion, was_cut_off(completion))
 
     return reply
 
@@ -100,7 +102,8 @@ class Worker:
             return grade_attempt(domain, job.task, job.text)
         if isinstance(job, Episode) and not domain.uses_generator_model:
             generate = no_model  # the generator model is never loaded for such a domain
-        reply = model_reply(generate or self.generate, self.sampling, job.seed)
+        sampling = self.sampling if isinstance(job, Attempt) else self.sampling.stopping_at(domain.stop_strings)
+        reply = model_reply(generate or self.generate, sampling, job.seed)
         if isinstance(job, Attempt):
             payload = job.task.payload
             try:
@@ -131,7 +134,9 @@ class Worker:
                 generator=self.model.model_id,
             )
         predicates = self.registry.validity_predicates(domain)
-        return make_task(job.task_id, domain, job.context, generation, self.model.model_id, predicates)
+        return make_task(
+            job.task_id, domain, job.context, generation, self.model.model_id, predicates, was_cut_off(generation)
+        )
 
 
 def _error(exc: Exception) -> str:

@@ -93,6 +93,18 @@ def test_an_audit_of_every_step_with_the_label_stages_labels(audited, tmp_path):
             assert record["gap"] == pytest.approx(record["probe_probability"] - record["in_band_rate"])
 
 
+def test_the_policy_stops_where_generate_stops(audited):
+    """TRL's generation stops at the arithmetic domain's line end, as the backends do in generate
+    (transformers reads a stop string with the tokenizer, which TRL does not pass; generate would
+    raise without it), and the logged tasks end before it."""
+    folder = audited.dir / "train"
+    logged = [json.loads(line) for line in (folder / "completions.jsonl").read_text().splitlines()]
+    generations = [completion["generation"] for entry in logged for completion in entry["completions"]]
+    assert generations and not any("\n" in generation for generation in generations)
+    steps = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
+    assert len(steps) == STEPS and all(0 <= step["cut_off"] < 1 for step in steps)
+
+
 def test_the_best_audited_adapter_is_the_one_kept(audited):
     found = records(audited)
     utilities = [r["utility"] for r in sorted(found, key=lambda r: r["step"])]

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from propel_core.backend import was_cut_off
 from propel_core.config import Sampling
 from propel_core.embedded import EMBEDDED_MODEL_ID, embedded_model_path
 from propel_core.errors import PropelError
@@ -175,3 +176,18 @@ def test_hidden_states_and_generation_from_two_threads_equal_serial(propel_embed
         for read in reads:
             torch.testing.assert_close(read.result().layers[4], states)
         assert all(write.result() == written for write in writes)
+
+
+def test_a_completion_says_whether_the_length_limit_cut_it_off(propel_embedded_backend):
+    """The limit cuts a long answer; the model ends a short one itself (its end token), and a stop
+    string ends one where the model first writes it, left out of the text: neither is cut off."""
+    prompts = ["Write a long story about a lighthouse keeper.", "Hi!"]
+    cut, whole = propel_embedded_backend.generate(prompts, Sampling(temperature=0.0, max_new_tokens=24))
+    assert was_cut_off(cut[0]) and not was_cut_off(whole[0])
+    stopped = propel_embedded_backend.generate(
+        [prompts[0]], Sampling(temperature=0.8, max_new_tokens=64, stop=[" the", "."]), n=4, seed=1
+    )[0]
+    free = propel_embedded_backend.generate([prompts[0]], Sampling(temperature=0.8, max_new_tokens=64), n=4, seed=1)[0]
+    for short, long in zip(stopped, free, strict=True):  # the same rows, stopped at the first stop string
+        assert not was_cut_off(short) and " the" not in short and "." not in short
+        assert long.startswith(short) and long[len(short) :].startswith((" the", "."))

@@ -38,8 +38,8 @@ def test_yaml_then_overrides(config_file, propel_registry, monkeypatch):
 
 
 ROLE_SAMPLING = {
-    "generator": {"temperature": 1.0, "top_p": 0.95, "top_k": 0, "max_new_tokens": 512},
-    "solver": {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_new_tokens": 1024},
+    "generator": {"temperature": 1.0, "top_p": 0.95, "top_k": 0, "max_new_tokens": 512, "stop": []},
+    "solver": {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_new_tokens": 1024, "stop": []},
 }
 
 

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from propel_core.backend import was_cut_off
 from propel_core.config import ModelConfig, Sampling
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
@@ -33,6 +34,18 @@ def test_chat_matches_the_model_in_process(server, propel_embedded_backend):
     remote = backend_for(server).generate(["Name a color.", "Count to three."], SAMPLING, n=2)
     local = propel_embedded_backend.generate(["Name a color.", "Count to three."], SAMPLING, n=2)
     assert remote == local and len(remote[0]) == 2
+
+
+def test_stop_strings_are_sent_and_the_length_limit_is_read_from_finish_reason(server, propel_embedded_backend):
+    prompts, longer = (
+        ["Write a long story about a lighthouse.", "Hi!"],
+        SAMPLING.model_copy(update={"max_new_tokens": 24}),
+    )
+    remote, stopping = backend_for(server).generate(prompts, longer), longer.stopping_at([" the"])
+    assert [was_cut_off(text) for (text,) in remote] == [True, False]
+    (stopped,), _ = backend_for(server).generate(prompts, stopping)
+    assert server.requests[-1][1]["stop"] == [" the"]
+    assert stopped == propel_embedded_backend.generate(prompts[:1], stopping)[0][0] and not was_cut_off(stopped)
 
 
 def test_prefill_asks_the_server_to_continue(server):

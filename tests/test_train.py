@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from propel_core.config import R_BAD_MARGIN, ModelConfig, validate_config
+from propel_core.domain import CUT_OFF
 from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.errors import PropelError
 from propel_core.execution import solver_labels
@@ -21,7 +22,7 @@ from propel_core.stages.evaluate import evaluate
 from propel_core.stages.report import report
 from propel_core.stages.train import train
 from propel_core.training.generator import train_generator
-from propel_core.training.generator_reward import RewardScorer, reward_reads, reward_scorer
+from propel_core.training.generator_reward import COMPLETIONS, RewardScorer, reward_reads, reward_scorer
 
 pytestmark = pytest.mark.slow
 
@@ -56,8 +57,8 @@ def scorer_for(run, **options):
     return reward_scorer(run, config.reward, config.train, run.dir / "probes" / "selected", **options)
 
 
-def test_rewards_follow_the_hard_rule(probed_run):
-    scorer = scorer_for(probed_run)
+def test_rewards_follow_the_hard_rule(probed_run, tmp_path):
+    scorer = scorer_for(probed_run, log_path=tmp_path / "reward_log.jsonl")
     prompt = probed_run.domain().generator_prompt(probed_run.domain().contexts()[0])
     completions = [
         [{"role": "assistant", "content": " 24\nNumbers: 3, 8, 8"}],  # valid once the prefill is added
@@ -72,6 +73,10 @@ def test_rewards_follow_the_hard_rule(probed_run):
     calibrated = scorer.probes[0].bundle.lowest_valid_logit - R_BAD_MARGIN
     assert rewards[1] == pytest.approx(calibrated) and rewards[2] == 0.0  # the explicit overflow reward wins
     assert calibrated < -0.2  # this probe's valid tasks score far below the paper's r_bad
+    # the cut-off one is an invalid task, as generate would record it, with no probe score
+    (logged,) = [json.loads(line) for line in (tmp_path / COMPLETIONS).read_text().splitlines()]
+    cut = logged["completions"][2]
+    assert (cut["valid"], cut["reason"], cut["overflow"], cut["probability"]) == (False, CUT_OFF, True, None)
 
 
 def test_one_reward_per_completion_and_logged(probed_run, tmp_path):
@@ -433,11 +438,14 @@ def test_two_grpo_steps_with_vllm_rollouts(probed_run, tmp_path):
     """TRL's colocate mode on vLLM's CPU build: rollouts from the engine, the LoRA-merged weights
     synced into it each step (propel's sync on a CPU build), the adapter saved. The learning rate is
     high enough that the policy moves in one step: an engine left on the old weights would sample
-    what the policy no longer would, and TRL's log-probability gap would show it."""
+    what the policy no longer would, and TRL's log-probability gap would show it. The engine stops at
+    the generator's stop string, as generate's backends do."""
     from propel_core.training.generator import train_generator
 
     settings = probed_run.config.train.model_dump(mode="json") | {"use_vllm": True, "lr": VLLM_LR}
-    run = with_config(probed_run, train=settings)
+    generator = probed_run.config.generator.model_dump(mode="json")
+    generator["sampling"]["stop"] = ["\n\n"]
+    run = with_config(probed_run, train=settings, generator=generator)
     config = run.config
     folder = tmp_path / "vllm"
     cores, threads, set_threads = os.sched_getaffinity(0), torch.get_num_threads(), torch.set_num_threads
@@ -452,6 +460,8 @@ def test_two_grpo_steps_with_vllm_rollouts(probed_run, tmp_path):
     assert (folder / "adapter" / "adapter_model.safetensors").exists()
     steps = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
     assert len(steps) == 2
+    sampled = [json.loads(line) for line in (folder / COMPLETIONS).read_text().splitlines()]
+    assert not any("\n\n" in c["generation"] for entry in sampled for c in entry["completions"])
     logged = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
     gaps = [entry["sampling/sampling_logp_difference/mean"] for entry in logged if "loss" in entry]
     assert len(gaps) == 2 and gaps[1] < VLLM_GAP, gaps
@@ -500,7 +510,7 @@ def test_the_alarm_waits_for_steps_in_a_row_and_names_the_cause():
     from propel_core.training.feedback import STALL_STEPS, Stall
 
     stall = Stall("solve_train", group_size=2, limit=4)
-    short, long = [[1, 2]] * 4, [[1, 2, 3, 4]] * 4
+    short, long = [False] * 4, [True] * 4
     varied, flat = [0.0, 1.0, 0.0, 1.0], [0.5, 0.5, 1.0, 1.0]
     assert stall.signs(varied, long) == {"cut_off": 1.0, "degenerate_groups": 0.0}
     assert stall.signs(flat, short) == {"cut_off": 0.0, "degenerate_groups": 1.0}
@@ -510,7 +520,21 @@ def test_the_alarm_waits_for_steps_in_a_row_and_names_the_cause():
     alarms = [(step, line) for step, line in enumerate(said) if line]
     assert len(alarms) == 1 and alarms[0][0] == 2 * STALL_STEPS - 1, alarms
     assert "all 2 of their completions one reward" in alarms[0][1] and "raise solve_train.group_size" in alarms[0][1]
-    assert Stall("train", None, None).signs(flat, None) == {}
+    assert Stall("train", None, None).signs(flat, []) == {}
+
+
+def test_the_length_limit_cuts_only_what_neither_an_end_token_nor_a_stop_string_ended():
+    """As the backends judge a generation in generate: a completion of the limit's length is cut off
+    unless its last token ends it or it wrote a stop string (TRL keeps the stop string in the text)."""
+    from propel_core.training.feedback import Stall, generations
+
+    stall = Stall("train", group_size=2, limit=4, stop=["\n"])
+    stall.ends = {0}
+    ids = [[5, 6], [5, 6, 7, 8], [5, 6, 7, 0], [5, 6, 7, 8]]
+    completions = [" 1 + 2", " 1 + 2 * 3", " 1 + 2", " 1 + 2\nCompute"]
+    assert stall.cut_off(ids, completions) == [False, True, False, False]
+    assert generations(["p"] * 4, completions, ["Compute:"] * 4, stall.stop)[3] == "Compute: 1 + 2"
+    assert Stall("train", 2, None).cut_off(ids, completions) == [] and stall.cut_off(None, completions) == []
 
 
 def test_a_resumed_training_takes_up_its_streaks_from_the_reward_log(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from propel_core.backend import was_cut_off
 from propel_core.config import ModelConfig, Sampling
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
@@ -94,6 +95,15 @@ def test_greedy_text_matches_the_transformers_backend(engine, reference):
     theirs = reference.generate(PROMPTS, greedy)
     assert sum(a == b for a, b in zip(ours, theirs, strict=True)) >= 3, (ours, theirs)
     assert not ours[1][0].startswith("Numbers:")  # the prefill is the prompt's, not repeated
+    # the length limit is judged alike, and so are stop strings: left out, and not a cut
+    assert [was_cut_off(a) for (a,), b in zip(ours, theirs, strict=True) if [a] == b] == [
+        was_cut_off(b) for a, (b,) in zip(ours, theirs, strict=True) if a == [b]
+    ]
+    stopped = [text for (text,) in engine.generate(PROMPTS, greedy.stopping_at([" the", "."]))]
+    for text, (free,) in zip(stopped, ours, strict=True):
+        assert free.startswith(text) and " the" not in text and "." not in text
+        assert was_cut_off(text) == (text == free and was_cut_off(free))
+    assert all(was_cut_off(free) for (free,) in ours) and not all(map(was_cut_off, stopped))
 
 
 @needs_vllm
@@ -333,6 +343,12 @@ def test_a_vllm_server_honours_n_and_seeds(vllm_server, engine):
         assert backend._request(prompt, sampling, 4, 7) == texts
         assert backend._request(prompt, sampling, 4, 8) != texts
         assert engine.generate([prompt], sampling, n=4, seed=7) == [texts]
+    stopping = sampling.stopping_at([" "])  # the server stops where the engine does, and says where the limit cut
+    stopped = backend._request(PROMPTS[2], stopping, 4, 7)
+    assert stopped == engine.generate([PROMPTS[2]], stopping, n=4, seed=7)[0] and " " not in "".join(stopped)
+    assert [was_cut_off(text) for text in backend._request(PROMPTS[2], sampling, 4, 7)] == [
+        was_cut_off(text) for text in engine.generate([PROMPTS[2]], sampling, n=4, seed=7)[0]
+    ]
 
 
 def solver_role(server):

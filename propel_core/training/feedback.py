@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from propel_core.backend import before_stop
 from propel_core.backend import prefill as prompt_prefill
 from propel_core.contracts import ContextSampler
 from propel_core.records import Context, JsonlWriter
@@ -26,10 +27,14 @@ def completion_text(completion) -> str:
     return completion if isinstance(completion, str) else completion[-1]["content"]
 
 
-def generations(prompts, completions, prefill) -> list[str]:
-    """Each completion after the prefill its prompt ended with: the whole text the model wrote."""
+def generations(prompts, completions, prefill, stop: list[str] = ()) -> list[str]:
+    """Each completion after the prefill its prompt ended with, up to its first ``stop`` string (TRL's
+    generation keeps the stop string, which the backends leave out): the whole text the model wrote."""
     starts = prefill or [prompt_prefill(prompt) for prompt in prompts]
-    return [start + completion_text(completion) for start, completion in zip(starts, completions, strict=True)]
+    return [
+        start + before_stop(completion_text(completion), stop)
+        for start, completion in zip(starts, completions, strict=True)
+    ]
 
 
 class Stall:
@@ -38,22 +43,32 @@ class Stall:
     then earn the overflow reward, whatever they say), or most groups whose completions all earned one reward (the
     advantage is zero there, so no gradient). ``section`` names the config section whose settings
     the alarm points to (``train``, ``solve_train``); ``group_size`` and ``limit`` (tokens) are that
-    training's, and a sign whose number is None is not watched."""
+    training's, and a sign whose number is None is not watched. ``stop`` (the stop strings the
+    generation stopped at) and ``ends`` (its end-of-sequence tokens) tell a completion the model ended
+    at the limit from one the limit cut."""
 
-    def __init__(self, section: str, group_size: int | None, limit: int | None):
-        self.section, self.group_size, self.limit = section, group_size, limit
+    def __init__(self, section: str, group_size: int | None, limit: int | None, stop: list[str] = ()):
+        self.section, self.group_size, self.limit, self.stop = section, group_size, limit, list(stop)
+        self.ends: set[int] = set()
         self.streaks: dict[str, list[tuple[int, float]]] = {"cut_off": [], "degenerate_groups": []}
 
-    def cut_off(self, completion_ids) -> list[bool]:
-        """Which completions the length limit cut off (none known without their token ids)."""
-        if self.limit is None:
+    def cut_off(self, completion_ids, completions) -> list[bool]:
+        """Which completions the length limit cut off: as long as the limit, and ended by neither an
+        end token nor a stop string (none known without their token ids)."""
+        if self.limit is None or not completion_ids:
             return []
-        return [ids is not None and len(ids) >= self.limit for ids in completion_ids or []]
+        return [
+            ids is not None
+            and len(ids) >= self.limit
+            and ids[-1] not in self.ends
+            and before_stop(completion_text(completion), self.stop) == completion_text(completion)
+            for ids, completion in zip(completion_ids, completions, strict=True)
+        ]
 
-    def signs(self, rewards: list[float], completion_ids) -> dict[str, float]:
-        """The batch's share of completions cut off at the limit, and of groups of one reward."""
+    def signs(self, rewards: list[float], cut: list[bool]) -> dict[str, float]:
+        """The batch's share of completions ``cut`` off at the limit, and of groups of one reward."""
         out = {}
-        if cut := self.cut_off(completion_ids):
+        if cut:
             out["cut_off"] = sum(cut) / len(cut)
         if self.group_size:
             groups = [rewards[i : i + self.group_size] for i in range(0, len(rewards), self.group_size)]
@@ -139,10 +154,11 @@ class FeedsBack:
             return 0
         return self.replay.offer(step, prompts, completions, completion_ids, rewards)
 
-    def write_log(self, entry: dict[str, Any], replayed: int, rewards: list[float], completion_ids) -> None:
-        """Add the batch's stall signs (and the alarm, said in one line, when one has lasted), the replay
-        buffer's and the sampler's numbers to ``entry`` and append it to the log."""
-        entry |= self.stall.signs(rewards, completion_ids)
+    def write_log(self, entry: dict[str, Any], replayed: int, rewards: list[float], cut: list[bool]) -> None:
+        """Add the batch's stall signs (``cut``: which completions the length limit cut off; and the
+        alarm, said in one line, when one has lasted), the replay buffer's and the sampler's numbers to
+        ``entry`` and append it to the log."""
+        entry |= self.stall.signs(rewards, cut)
         alarm = self.stall.alarm(entry["step"], entry)
         if alarm is not None:
             log.warning("%s", alarm)

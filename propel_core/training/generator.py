@@ -9,6 +9,7 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
+from propel_core.backend import end_tokens
 from propel_core.config import LoraConfig, ModelConfig, RewardConfig, TrainConfig
 from propel_core.errors import PropelError
 from propel_core.records import Context, Label, Task
@@ -55,7 +56,10 @@ def train_generator(
     buffer = ReplayBuffer.of(replay, seed)
     trainer_class = replaying(GRPOTrainer, buffer, replay.slots) if buffer else GRPOTrainer  # checks TRL's shape
     sampler = run.context_sampler(seed)
-    scorer = reward_scorer(run, reward, train_config, main_probe(run, reward), solve, sampler=sampler, replay=buffer)
+    stop = generator.sampling.stopping_at(domain.stop_strings).stop  # where generate stops
+    scorer = reward_scorer(
+        run, reward, train_config, main_probe(run, reward), solve, stop=stop, sampler=sampler, replay=buffer
+    )
     checkpoint = prepare_folder(folder, resume)
     scorer.log_path = folder / "reward_log.jsonl"
     for log_path in (scorer.log_path, folder / COMPLETIONS):
@@ -70,7 +74,11 @@ def train_generator(
     dataset = sampled_prompts(
         sampler, domain.generator_prompt, tokenizer, generator.chat_template, path, contexts_by_prompt
     )
-    arguments = _grpo_arguments(run, folder, train_config, seed, checkpoint_every)
+    if not domain.multi_turn:  # a trajectory ends in the tool results' framing, not the policy's end token
+        scorer.stall.ends = end_tokens(tokenizer, policy.generation_config)
+    arguments = _grpo_arguments(run, folder, train_config, seed, checkpoint_every, scorer.stall.stop)
+    if scorer.stall.stop and not train_config.use_vllm:  # transformers reads stop strings with the tokenizer,
+        policy.generate = functools.partial(policy.generate, tokenizer=tokenizer)  # which TRL does not pass
     multi_turn = {"rollout_func": EpisodeRollouts(domain, tokenizer, contexts_by_prompt, train_config, seed)}
     reward_funcs = [scorer]
     if train_config.overlong_buffer:
@@ -161,8 +169,10 @@ def _check(domain, train_config: TrainConfig) -> None:
         raise PropelError("train.replay works with single-turn domains; set train.replay.strategy: none")
 
 
-def _grpo_arguments(run: Run, folder: Path, train_config: TrainConfig, seed: int, checkpoint_every: int):
-    """TRL's GRPOConfig for ``train``'s settings."""
+def _grpo_arguments(
+    run: Run, folder: Path, train_config: TrainConfig, seed: int, checkpoint_every: int, stop: list[str]
+):
+    """TRL's GRPOConfig for ``train``'s settings, its generation stopping at the ``stop`` strings."""
     from trl import GRPOConfig
 
     return trainer_arguments(
@@ -191,6 +201,7 @@ def _grpo_arguments(run: Run, folder: Path, train_config: TrainConfig, seed: int
         vllm_mode=train_config.vllm_mode,
         vllm_server_base_url=train_config.vllm_server_base_url,
         shuffle_dataset=False,  # a shuffle buffer would draw a thousand prompts ahead of the rewards
+        generation_kwargs=({"stop": stop} if train_config.use_vllm else {"stop_strings": stop}) if stop else None,
     )
 
 

@@ -47,9 +47,10 @@ class RewardScorer(FeedsBack):
     """The reward function GRPO calls: ``rule`` on each generation's task and the scores it needs.
 
     ``probes`` are the loaded bundles (main first); ``solve`` labels valid tasks with live solver
-    runs, for a rule whose ``needs`` holds ``solver_utility``. A completion of
-    ``max_completion_length`` tokens or more gets ``overflow_reward``; ``r_bad`` is what ``rule`` pays an
-    invalid task (logged beside it). With ``sampler`` the contexts'
+    runs, for a rule whose ``needs`` holds ``solver_utility``. Each completion ends at its first
+    ``stop`` string; one the length limit cut off (``max_completion_length`` tokens, ended by neither
+    an end token nor a stop string) is an invalid task, as in generate, and gets ``overflow_reward``;
+    ``r_bad`` is what ``rule`` pays other invalid tasks (logged beside it). With ``sampler`` the contexts'
     rewards go back to it; with ``replay`` fresh generations are offered to the buffer; with
     ``log_path`` each call appends its diagnostics there (groups of ``group_size``), under the rule's
     name and options (``rule_name``, ``rule_options``), and a sample of its completions with their
@@ -68,6 +69,7 @@ class RewardScorer(FeedsBack):
         overflow_reward: float,
         max_completion_length: int,
         group_size: int,
+        stop: list[str] = (),
         solve: Callable[[list[Task]], list[Label]] | None = None,
         log_path: Path | None = None,
         sampler: ContextSampler | None = None,
@@ -86,7 +88,7 @@ class RewardScorer(FeedsBack):
             raise PropelError("the reward rule reads live solver utility, but no solver was given")
         self.r_bad, self.overflow_reward, self.max_completion_length = r_bad, overflow_reward, max_completion_length
         self.group_size, self.solve = group_size, solve
-        self.stall = Stall("train", group_size, max_completion_length)
+        self.stall = Stall("train", group_size, max_completion_length, stop)
         self.log_path = log_path
         self.sampler, self.replay = sampler, replay
         self.calls = 0
@@ -107,27 +109,28 @@ class RewardScorer(FeedsBack):
         """``generation``: a multi-turn domain's whole trajectories (from the episode rollouts), which
         replace prefill + completion as what the task is parsed from."""
         step = self.step(trainer_state)
-        texts = generation or generations(prompts, completions, prefill)
-        tasks = [self.task(i, step, text, context_id) for i, text in enumerate(texts)]
+        texts = generation or generations(prompts, completions, prefill, self.stall.stop)
+        overflowed = self.stall.cut_off(completion_ids, completions) or [False] * len(texts)
+        tasks = [self.task(i, step, text, context_id, overflowed[i]) for i, text in enumerate(texts)]
         scores = self.scores(tasks)
         if self.audit is not None:
             self.audit.offer(step, tasks, [score.get("probability") for score in scores])
-        overflowed = self.stall.cut_off(completion_ids) or [False] * len(tasks)
         rewards = [
             self.overflow_reward if overflowed[i] else self.rule(task, scores[i]) for i, task in enumerate(tasks)
         ]
         replayed = self.feed_back(step, prompts, completions, completion_ids, context_id, rewards)
-        self.log(step, tasks, rewards, scores, replayed, completion_ids)
+        self.log(step, tasks, rewards, scores, replayed, overflowed if completion_ids else [])
         if self.log_path is not None:
             with JsonlWriter(self.log_path.with_name(COMPLETIONS), fsync=False) as out:
                 out.write(self.sample(step, tasks, rewards, scores, overflowed))
         return rewards
 
-    def task(self, i: int, step: int, generation: str, context_ids) -> Task:
-        """The task that generation ``i`` of this step is."""
+    def task(self, i: int, step: int, generation: str, context_ids, cut_off: bool) -> Task:
+        """The task that generation ``i`` of this step is (invalid where the length limit ``cut_off`` it,
+        as in generate)."""
         context = self.contexts.get(context_ids[i]) if context_ids else None
         context = context or Context(id="unknown", data={})
-        return make_task(f"rl-{step}-{i}", self.domain, context, generation, "policy", self.predicates)
+        return make_task(f"rl-{step}-{i}", self.domain, context, generation, "policy", self.predicates, cut_off)
 
     def scores(self, tasks: list[Task]) -> list[dict[str, Any]]:
         """The scores the rule needs: probe scores of every task the reference can read (valid or not:
@@ -175,7 +178,7 @@ class RewardScorer(FeedsBack):
                 out[i]["auxiliary_logit"] = per_probe[1][position]["logit"]
 
     def log(
-        self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], replayed=0, completion_ids=None
+        self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], replayed=0, cut: list[bool] = ()
     ) -> None:
         """Reward mean/std, validity rate, probe score spread, and the solver runs the call spent when
         the rule reads live solver utility (and what ``write_log`` adds: degenerate groups, where all
@@ -197,7 +200,7 @@ class RewardScorer(FeedsBack):
             "r_bad": self.r_bad,
             "overflow_reward": self.overflow_reward,
         }
-        self.write_log(entry, replayed, rewards, completion_ids)
+        self.write_log(entry, replayed, rewards, list(cut))
 
     def sample(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], overflowed: list[bool]):
         """``SAMPLED`` of the call's completions, spread over the batch, with their rewards (and whether
@@ -301,8 +304,8 @@ def reward_scorer(
 ) -> RewardScorer:
     """The reward function GRPO gets under ``reward`` (rule and extra probes) and ``train`` (length
     limit, group size): the rule, and the probe bundles (``main_probe`` first, then
-    ``reward.probes``) loaded only when the rule reads them. ``options``: ``log_path``, ``sampler``,
-    ``replay``. R_bad and the overflow reward are settled first (``settled_reward``)."""
+    ``reward.probes``) loaded only when the rule reads them. ``options``: ``stop``, ``log_path``,
+    ``sampler``, ``replay``. R_bad and the overflow reward are settled first (``settled_reward``)."""
     bundles = [main_probe, *map(Path, reward.probes)]
     reward = settled_reward(run, reward, bundles)
     rule = run.registry.reward_rule(reward.rule, reward)

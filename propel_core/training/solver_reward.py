@@ -108,7 +108,8 @@ class SolverRewards(FeedsBack):
             details = [{} for _ in texts]
         replayed = self.feed_back(step, prompts, completions, completion_ids, context_id, rewards)
         self.write(step, tasks, texts, rewards, sources, details)
-        self.log(step, rewards, sources, graded, replayed, time.monotonic() - started, completion_ids)
+        cut = self.stall.cut_off(completion_ids, completions)
+        self.log(step, rewards, sources, graded, replayed, time.monotonic() - started, cut)
         return rewards
 
     def verified(self, graded: list[SolverAttempt]) -> list[float]:
@@ -146,7 +147,7 @@ class SolverRewards(FeedsBack):
                 row = {"step": step, "task_id": task.id, "source": source, "reward": reward, "text": text}
                 out.write(row | {key: found.get(key) for key in ROLLOUT_FIELDS})
 
-    def log(self, step, rewards, sources, graded, replayed: int, seconds: float, completion_ids=None) -> None:
+    def log(self, step, rewards, sources, graded, replayed: int, seconds: float, cut: list[bool]) -> None:
         """This step's numbers: reward mean and spread, where rewards came from, and on verifier steps
         the valid-submission rate, the mean verifier score of valid rollouts, seconds per rollout (and
         what ``write_log`` adds: groups of one reward, completions cut off, the alarm)."""
@@ -171,7 +172,7 @@ class SolverRewards(FeedsBack):
                 "solved_rate": sum(bool(a.solved) for a in gradable) / len(gradable) if gradable else None,
                 "ungradable": len(graded) - len(gradable),
             }
-        self.write_log(entry, replayed, rewards, completion_ids)
+        self.write_log(entry, replayed, rewards, cut)
         if self.track is not None:
             self.track({k: v for k, v in entry.items() if isinstance(v, int | float) and k != "step"}, step)
 

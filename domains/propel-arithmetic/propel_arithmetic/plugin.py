@@ -47,6 +47,7 @@ class Arithmetic(Domain):
 
     validity_predicates = ("arithmetic_well_formed",)
     workflow_markers = ("compute line", "parsed", "evaluates", "within limits")
+    stop_strings = ("\n",)  # an exercise is one line: what the model adds after it is not the task
 
     def __init__(
         self,

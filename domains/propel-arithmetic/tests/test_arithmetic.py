@@ -252,3 +252,31 @@ def test_a_shot_is_never_the_task_in_any_order(propel_registry):
     solver = ArithmeticSkill(ModelConfig())
     answers = solver.generate([domain.solver_prompt({"expression": "2 + 3"})], None, n=20, seed=0)[0]
     assert " 5" in answers  # it answers the task, not the first worked exercise
+
+
+@pytest.mark.slow
+def test_generate_stops_at_the_line_end_and_rejects_what_the_length_limit_cut(tmp_path, propel_registry):
+    """The domain's stop string ends each exercise at its line on the real model: at 24 tokens only a
+    line that rambles on is cut off; at 3 most are, and those are invalid unparsed, as train pays them."""
+    from propel_core.config import validate_config
+    from propel_core.domain import CUT_OFF
+    from propel_core.records import Task, iter_jsonl
+    from propel_core.run import Run
+    from propel_core.stages.generate import generate
+
+    def generated(limit: int) -> list[Task]:
+        data = {
+            "run_dir": str(tmp_path / str(limit)),
+            "domain": {"name": "arithmetic"},
+            "generate": {"num_tasks": 12},
+            "generator": {"sampling": {"max_new_tokens": limit}},
+        }
+        run = Run(validate_config(data, propel_registry), propel_registry, quiet=True)
+        generate(run)
+        return list(iter_jsonl(run.dir / "tasks.jsonl", Task))
+
+    whole, cut = generated(24), generated(3)
+    assert all("\n" not in task.generation for task in whole) and sum(task.validity.valid for task in whole) >= 4
+    cut_off = [task for task in cut if task.validity.reason == CUT_OFF]
+    assert len(cut_off) >= 8 > sum(task.validity.reason == CUT_OFF for task in whole)
+    assert all(task.payload is None for task in cut_off)
