@@ -26,6 +26,8 @@ from propel_core import hookspecs
 from propel_core.contracts import ContextSampler, Executor, ReadsProbe, RepositorySandbox, RewardRule, Sandbox
 from propel_core.errors import PropelError
 
+log = logging.getLogger("propel")
+
 DEFAULT_PLUGINS = (
     "propel_plugins.backends",
     "propel_plugins.executors",
@@ -102,7 +104,7 @@ class PluginManager(pluggy.PluginManager):
         if self.get_plugin(name) is not None:
             self.unregister(name=name)
         self.broken.append(BrokenPlugin(name, distribution, f"{type(exc).__name__}: {str(exc)[:200]}"))
-        logging.getLogger("propel").warning("propel: %s", self.broken[-1].line())
+        log.warning("propel: %s", self.broken[-1].line())
 
 
 def get_plugin_manager(load_entrypoints: bool = True) -> PluginManager:
@@ -274,7 +276,7 @@ class Registry:
     def reward_rule(self, name: str, config: Any) -> RewardRule:
         """The reward rule ``name`` for a ``RewardConfig``, with its options (``config.options[name]``);
         a rule without ``needs`` reads the probe."""
-        rule = self.get("reward_rules", name)(config, **config.options.get(name, {}))
+        rule = self.made("reward_rules", name, config, **config.options.get(name, {}))
         if not callable(rule):
             raise self._broken("reward_rules", name, rule, "a callable rule(task, scores) -> float")
         return rule if isinstance(rule, RewardRule) else ReadsProbe(rule)
@@ -291,8 +293,27 @@ class Registry:
         """The executor ``name`` with ``workers`` jobs in flight at most."""
         return self._checked("executors", name, Executor, workers=workers, **options)
 
+    def made(self, kind: str, name: str, *args: Any, **options: Any) -> Any:
+        """The component ``name`` of ``kind``, made by its factory from ``args`` (what the core passes)
+        and ``options`` (the user's, and keywords the core sets). Whatever the factory raises on them,
+        but a ``PropelError``, becomes one line naming the component, its plugin and the options given:
+        a constructor that checks its options may raise any error (the traceback is in the debug log)."""
+        factory = self.get(kind, name)
+        try:
+            return factory(*args, **options)
+        except PropelError:
+            raise
+        except Exception as exc:
+            log.debug("%s %r could not be made", KINDS[kind][1], name, exc_info=True)
+            given = ", ".join(f"{key}={value!r}" for key, value in options.items())
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            raise PropelError(
+                f"{KINDS[kind][1]} {name!r} of plugin {self.components[kind][name].plugin!r} could not be made "
+                f"(options: {given[:200] or 'none'}): {reason}"
+            ) from exc
+
     def _checked(self, kind: str, name: str, contract: type, *args: Any, **kwargs: Any) -> Any:
-        component = self.get(kind, name)(*args, **kwargs)
+        component = self.made(kind, name, *args, **kwargs)
         if not isinstance(component, contract):
             raise self._broken(kind, name, component, f"a {contract.__name__} ({contract.__module__})")
         return component
@@ -310,12 +331,12 @@ class Registry:
         key = model.model_dump_json(exclude={"sampling"})
         with self._lock:  # jobs in threads may ask at once: load each model once
             if key not in self._backends:
-                self._backends[key] = self.get("model_backends", model.backend)(model, **model.options)
+                self._backends[key] = self.made("model_backends", model.backend, model, **model.options)
         return self._backends[key]
 
     def domain(self, name: str, **options: Any) -> Any:
         """Create the domain ``name`` with ``options``, bound to its name and to this registry."""
-        domain = self.get("domains", name)(**options)
+        domain = self.made("domains", name, **options)
         domain.name, domain.registry = name, self
         return domain
 

@@ -61,6 +61,20 @@ def test_missing_model_path(propel_cli, tmp_path, model):
     )
 
 
+def test_a_component_that_refuses_its_options_is_one_line(propel_cli, tmp_path):
+    """A domain's constructor raising a plain ValueError on an option value it checks (arithmetic's
+    solver_shots) ends the command in one line naming the domain, its plugin and the options, not a
+    traceback through the CLI; nothing was written."""
+    config = arithmetic_config(tmp_path, tmp_path / "run")
+    result = propel_cli("-q", "generate", str(config), "domain.options.solver_shots=-1", check=False)
+    assert_one_line_error(
+        result,
+        "domain 'arithmetic' of plugin 'arithmetic' could not be made (options: solver_shots=-1): ValueError: ",
+        "solver_shots >= 0",
+    )
+    assert not (tmp_path / "run" / "tasks.jsonl").exists()
+
+
 def test_folder_that_is_not_a_model(propel_cli, tmp_path):
     config = arithmetic_config(tmp_path, tmp_path / "run")
     (tmp_path / "empty").mkdir()

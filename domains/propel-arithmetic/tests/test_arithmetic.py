@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from propel_core.domain import ParseError, make_task
+from propel_core.errors import PropelError
 from propel_core.plugins import Registry
 from propel_core.testing import assert_same_verdicts_concurrently
 
@@ -201,19 +202,19 @@ def test_solver_shots_put_worked_exercises_first(propel_registry):
     assert answers == [f"Answer: {value_of(expression)}" for expression in asked]
     contexts = {e for c in propel_registry.domain("arithmetic").contexts() for e in c.data["examples"]}
     assert len(set(asked)) == 3 and not contexts & set(asked)
-    with pytest.raises(ValueError, match="solver_shots >= 0"):
+    with pytest.raises(PropelError, match="solver_shots >= 0"):
         propel_registry.domain("arithmetic", solver_shots=-1)
     for options in (  # too few exercises left to draw: an error, not a hang
         {"solver_shots": 50, "max_operand": 2, "max_operators": 1},
         {"solver_shots": 20_000},
         {"solver_shots": 3, "max_value": 1, "max_operand": 2, "max_operators": 1},
     ):
-        with pytest.raises(ValueError, match="1,000 draws in a row found no new exercise"):
+        with pytest.raises(PropelError, match="1,000 draws in a row found no new exercise"):
             propel_registry.domain("arithmetic", **options)
-    with pytest.raises(ValueError, match="max_value >= 1"):
+    with pytest.raises(PropelError, match="max_value >= 1"):
         propel_registry.domain("arithmetic", max_value=-1)
     for bad in (1.5, True, "3"):
-        with pytest.raises(ValueError, match="whole number"):
+        with pytest.raises(PropelError, match="whole number"):
             propel_registry.domain("arithmetic", solver_shots=bad)
     one_operation = propel_registry.domain("arithmetic", solver_shots=3, max_operators=1)
     assert len(one_operation.solver_prompt({"expression": "2 + 3"})) == 8

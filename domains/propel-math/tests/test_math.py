@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from propel_core import hookimpl
 from propel_core.domain import ParseError, make_task
+from propel_core.errors import PropelError
 from propel_core.plugins import Registry
 from propel_core.records import Context, Task, Validity
 from propel_core.testing import assert_same_verdicts_concurrently
@@ -65,7 +66,11 @@ def test_user_pool_parquet(tmp_path):
 
 
 def test_unknown_builtin_pool():
-    with pytest.raises(ValueError, match=r"unknown built-in pool.*built in: grade_school, competition, olympiad"):
+    with pytest.raises(
+        PropelError,
+        match=r"^domain 'math' of plugin 'math' could not be made \(options: pools=\['aime'\]\): "
+        r"ValueError: unknown built-in pool.*built in: grade_school, competition, olympiad",
+    ):
         Registry.build().domain("math", pools=["aime"])
 
 
