@@ -129,12 +129,14 @@ class TransformersBackend:
                 **options,
             )
         new = out[:, ids.shape[1] :]
+        # generation runs until every row has ended, so a shorter batch cut none; at the limit, a row that
+        # ended earlier is padded (its last token an end token), and one that stopped holds its stop string
         ending = torch.tensor(sorted(end_tokens(self.tokenizer, self.model.generation_config)), device=new.device)
-        ends = torch.isin(new, ending).any(dim=1).tolist()
+        ends = torch.isin(new[:, -1], ending).tolist() if new.shape[1] >= sampling.max_new_tokens else None
         completions = []
-        for text, ended in zip(self.tokenizer.batch_decode(new, skip_special_tokens=True), ends, strict=True):
-            kept = before_stop(text, sampling.stop)  # a row that stopped holds its stop string
-            completions.append(Completion(kept, cut_off=not ended and kept == text))
+        for i, text in enumerate(self.tokenizer.batch_decode(new, skip_special_tokens=True)):
+            kept = before_stop(text, sampling.stop)
+            completions.append(Completion(kept, cut_off=ends is not None and not ends[i] and kept == text))
         return completions
 
     @property

@@ -22,8 +22,9 @@ Components are chosen by their registered name in config (``reward.rule: wco``).
 must be differs per kind and is given under each hook; in every case the core calls it, so it may be
 a class, a function, or any callable. A factory that finds an option's value wrong may raise any
 exception with a message that names the option (``ValueError("solver_shots must be >= 0")``): the
-command then ends in one line naming the component, its plugin, the options given and that message,
-before anything is written (the traceback goes to the debug log). The typed contracts are ``propel_core.domain.Domain``,
+command then ends in one line naming the component, its plugin, the options given and that message
+(the traceback goes to the debug log). A domain is made before its stage writes anything; a model
+backend when its model is first needed. The typed contracts are ``propel_core.domain.Domain``,
 ``propel_core.backend.ModelBackend`` and, for context samplers, reward rules, sandboxes and executors,
 the protocols in ``propel_core.contracts``.
 

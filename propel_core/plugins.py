@@ -24,7 +24,7 @@ import pluggy
 
 from propel_core import hookspecs
 from propel_core.contracts import ContextSampler, Executor, ReadsProbe, RepositorySandbox, RewardRule, Sandbox
-from propel_core.errors import PropelError
+from propel_core.errors import FILE_ERRNOS, PropelError
 
 log = logging.getLogger("propel")
 
@@ -297,13 +297,16 @@ class Registry:
         """The component ``name`` of ``kind``, made by its factory from ``args`` (what the core passes)
         and ``options`` (the user's, and keywords the core sets). Whatever the factory raises on them,
         but a ``PropelError``, becomes one line naming the component, its plugin and the options given:
-        a constructor that checks its options may raise any error (the traceback is in the debug log)."""
+        a constructor that checks its options may raise any error (the traceback is in the debug log). A
+        full or read-only disk stays the error the command line explains (``errors.file_error``)."""
         factory = self.get(kind, name)
         try:
             return factory(*args, **options)
         except PropelError:
             raise
         except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno in FILE_ERRNOS:
+                raise
             log.debug("%s %r could not be made", KINDS[kind][1], name, exc_info=True)
             given = ", ".join(f"{key}={value!r}" for key, value in options.items())
             reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
@@ -337,6 +340,9 @@ class Registry:
     def domain(self, name: str, **options: Any) -> Any:
         """Create the domain ``name`` with ``options``, bound to its name and to this registry."""
         domain = self.made("domains", name, **options)
+        stop = getattr(domain, "stop_strings", ())
+        if isinstance(stop, str) or not all(isinstance(text, str) and text for text in stop):
+            raise PropelError(f"domain {name!r}: stop_strings must be a tuple of non-empty strings, got {stop!r}")
         domain.name, domain.registry = name, self
         return domain
 

@@ -102,7 +102,10 @@ class Worker:
             return grade_attempt(domain, job.task, job.text)
         if isinstance(job, Episode) and not domain.uses_generator_model:
             generate = no_model  # the generator model is never loaded for such a domain
-        sampling = self.sampling if isinstance(job, Attempt) else self.sampling.stopping_at(domain.stop_strings)
+        sampling = self.sampling
+        if isinstance(job, Episode):  # stop strings end a single-turn generation; an episode ends its own way
+            stop = [] if domain.multi_turn else sampling.stopping_at(domain.stop_strings).stop
+            sampling = sampling.model_copy(update={"stop": stop})
         reply = model_reply(generate or self.generate, sampling, job.seed)
         if isinstance(job, Attempt):
             payload = job.task.payload

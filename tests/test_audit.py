@@ -318,3 +318,18 @@ def test_an_audit_counts_the_k_the_probe_learned_unless_told(small):
 
 def _step(task_id: str) -> int:
     return int(task_id.split("-")[1])
+
+
+def test_masking_truncated_completions_beside_stop_strings_is_refused(tmp_path, bundle):
+    """TRL takes a completion that ended on a stop string for a truncated one (no end token): with the
+    arithmetic domain's line end, train.mask_truncated_completions is refused in one line, before any
+    model loads."""
+    from propel_core.errors import PropelError
+
+    registry = Registry.build()
+    data = settings(tmp_path, bundle)
+    data["train"] |= {"mask_truncated_completions": True}
+    run = Run(validate_config(data, registry), registry, quiet=True)
+    with pytest.raises(PropelError, match=r"train.mask_truncated_completions takes a completion that ended on a stop"):
+        train(run)
+    assert not (tmp_path / "train" / "adapter").exists()

@@ -89,7 +89,7 @@ def test_unknown_key_lists_valid_keys(config_file, propel_registry):
         load_config(config_file, ["generator.sampling.tempreature=0.5"], propel_registry)
     message = str(err.value)
     assert "generator.sampling.tempreature: unknown key" in message
-    assert "max_new_tokens, temperature, top_k, top_p" in message
+    assert "max_new_tokens, stop, temperature, top_k, top_p" in message
 
 
 def test_a_moved_setting_names_where_it_went(propel_registry):

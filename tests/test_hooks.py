@@ -59,6 +59,32 @@ def test_register_domains(propel_register_plugin):
     assert domain.grade({"text": "ab"}, "ab").solved is True
 
 
+def test_a_factory_error_is_one_line_but_a_full_disk_stays_itself(propel_register_plugin):
+    """What a domain's constructor raises on its options is one line naming it; an empty stop string
+    (which would end every generation at once) is refused; a full disk is left to the command line's
+    own advice."""
+    import errno
+
+    def full(**options):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_domains(register):
+            register("picky", lambda size=1: Tiny() if size > 0 else int("size"))
+            register("stops_at_nothing", type("StopsAtNothing", (Tiny,), {"stop_strings": ("",)}))
+            register("on_a_full_disk", full)
+
+    registry = propel_register_plugin(Plugin)
+    with pytest.raises(PropelError, match=r"^domain 'picky' of plugin '.*' could not be made \(options: size=0\): "):
+        registry.domain("picky", size=0)
+    with pytest.raises(PropelError, match=r"stop_strings must be a tuple of non-empty strings, got \(''"):
+        registry.domain("stops_at_nothing")
+    with pytest.raises(OSError, match="No space left"):
+        registry.domain("on_a_full_disk")
+
+
 def test_register_validity_predicates(propel_register_plugin):
     registry = propel_register_plugin(TinyPlugin)
     domain = registry.get("domains", "tiny")()

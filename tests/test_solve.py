@@ -6,6 +6,7 @@ import pytest
 
 from propel_core.config import validate_config
 from propel_core.domain import make_task
+from propel_core.errors import PropelError
 from propel_core.records import JsonlWriter, Label, SolverAttempt
 from propel_core.run import Run
 from propel_core.stages.solve import self_train, solve_train, solver_metrics
@@ -102,3 +103,19 @@ def test_self_training_filters_and_fine_tunes(solve_run):
     assert counts[0] == len(EASY) * 4 and counts == sorted(counts, reverse=True)  # each filter keeps a subset
     assert report["self_rows"] == report["funnel"]["after per-task cap"] <= len(EASY)  # at most 1 per task
     assert (solve_run.dir / "self_train" / "adapter" / "adapter_model.safetensors").exists()
+
+
+def test_grpo_drops_the_groups_of_one_reward_when_asked(solve_run):
+    """solve_train.zero_variance: drop on a real GRPO run: every step's share of completions left out
+    of the loss (TRL's log) is its share of groups of one reward (the reward log)."""
+    other = solve_run.config.model_dump(mode="json")
+    other["solve_train"] |= {"name": "dropping", "algorithm": "grpo", "zero_variance": "drop"}
+    solve_train(Run(validate_config(other, solve_run.registry), solve_run.registry, quiet=True))
+    folder = solve_run.dir / "solve" / "dropping"
+    steps = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+    dropped = [entry["zero_variance/dropped"] for entry in logged if "zero_variance/dropped" in entry]
+    assert dropped == pytest.approx([step["degenerate_groups"] for step in steps]) and len(dropped) == 2
+    other["solve_train"]["algorithm"] = "rloo"
+    with pytest.raises(PropelError, match="zero_variance: drop works with algorithm: grpo"):
+        validate_config(other, solve_run.registry)

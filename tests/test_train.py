@@ -569,3 +569,20 @@ def test_the_colocated_engine_is_eager_where_the_setting_says():
             else:
                 assert built is engine
         assert vllm_generation.LLM is engine
+
+
+def test_zero_variance_drop_leaves_the_groups_of_one_reward_out_of_the_loss(trained_run, tmp_path):
+    """train.zero_variance: drop with the dapo loss: each step's share of completions left out of the
+    loss (TRL's log) is its share of groups of one reward (the reward log); with a loss that is not
+    normalized by the batch's tokens, or beside the overlong penalty, it is refused before anything runs."""
+    probed_run, _ = trained_run
+    settings = probed_run.config.train.model_dump(mode="json") | {"loss_type": "dapo", "zero_variance": "drop"}
+    train_in(with_config(probed_run, train=settings), tmp_path)
+    steps = [json.loads(line) for line in (tmp_path / "reward_log.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    dropped = [entry["zero_variance/dropped"] for entry in logged if "zero_variance/dropped" in entry]
+    assert dropped == pytest.approx([step["degenerate_groups"] for step in steps]) and len(dropped) == 2
+    with pytest.raises(PropelError, match=r"zero_variance: drop needs a loss normalized by the batch's tokens"):
+        with_config(probed_run, train=settings | {"loss_type": "bnpo"})
+    with pytest.raises(PropelError, match="overlong_buffer adds a length penalty"):
+        with_config(probed_run, train=settings | {"overlong_buffer": 4})

@@ -147,3 +147,54 @@ def test_a_real_grpo_generation_step_is_replayed(tmp_path):
     assert all(isinstance(t, int) for t in completion_ids[0]) and isinstance(completions[0], str)
     assert (completion_ids[1], completions[1]) == (replayed_ids, " 8 * 3 = 24")
     assert buffer.replayed == {(prompt_key(PROMPT), tuple(replayed_ids))}
+
+
+def test_a_real_grpo_step_drops_the_groups_of_one_reward(tmp_path):
+    """``zero_variance: drop`` on TRL's own ``_generate_and_score_completions`` and the embedded model:
+    the completions of the group whose rewards are all equal leave the loss mask and the token count
+    the dapo loss divides by; the other group's stay, and the share dropped is logged."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from propel_core.embedded import resolve_model
+    from propel_core.training.feedback import Stall
+    from propel_core.training.zero_variance import dropping_flat_groups
+
+    path = resolve_model(None)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    stall, flat, torn = Stall("train", group_size=2, limit=None), [], []
+
+    def reward(prompts, completions, **_):  # the first prompt's group earns 1.0 twice, the other's 0.0 and 1.0
+        rewards = [1.0 if prompt == PROMPT else float(i % 2) for i, prompt in enumerate(prompts)]
+        flat[:] = stall.flat_rows(rewards)
+        return rewards
+
+    arguments = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=6,
+        loss_type="dapo",
+        use_cpu=True,
+        report_to="none",
+        seed=0,
+    )
+    rows = [{"prompt": PROMPT}] * 2 + [{"prompt": "Say a number."}] * 2
+    trainer = dropping_flat_groups(GRPOTrainer, lambda: flat[:1] if torn else flat)(
+        model=AutoModelForCausalLM.from_pretrained(path),
+        reward_funcs=[reward],
+        args=arguments,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+    )
+    trainer.model.train()  # as in a training step: the share goes to the train metrics
+    out = trainer._generate_and_score_completions(rows)
+    kept = out["completion_mask"].sum(dim=1).tolist()
+    assert kept[:2] == [0, 0] and all(count > 0 for count in kept[2:])
+    assert out["num_items_in_batch"].item() == sum(kept)
+    assert trainer._metrics["train"]["zero_variance/dropped"] == [0.5]
+    torn.append(True)  # rows that do not match the batch: TRL changed what it scores, and nothing is masked
+    with pytest.raises(PropelError, match="one completion_mask row per scored completion"):
+        trainer._generate_and_score_completions(rows)

@@ -65,14 +65,21 @@ class Stall:
             for ids, completion in zip(completion_ids, completions, strict=True)
         ]
 
+    def flat_rows(self, rewards: list[float]) -> list[bool]:
+        """Which completions belong to a group (``group_size`` in a row) whose completions all earned one
+        reward; none where no group size is known."""
+        size = self.group_size or 1
+        groups = [rewards[i : i + size] for i in range(0, len(rewards), size)]
+        return [bool(self.group_size) and len(set(group)) == 1 for group in groups for _ in group]
+
     def signs(self, rewards: list[float], cut: list[bool]) -> dict[str, float]:
         """The batch's share of completions ``cut`` off at the limit, and of groups of one reward."""
         out = {}
         if cut:
             out["cut_off"] = sum(cut) / len(cut)
         if self.group_size:
-            groups = [rewards[i : i + self.group_size] for i in range(0, len(rewards), self.group_size)]
-            out["degenerate_groups"] = sum(len(set(group)) == 1 for group in groups) / len(groups)
+            firsts = self.flat_rows(rewards)[:: self.group_size]
+            out["degenerate_groups"] = sum(firsts) / len(firsts)
         return out
 
     def resume(self, entries: list[dict]) -> None:
@@ -139,6 +146,7 @@ class FeedsBack:
     log_path: Path | None
     calls: int
     stall: Stall
+    flat: tuple[bool, ...] = ()
 
     def step(self, trainer_state) -> int:
         """The optimizer step this call scores for (and count the call)."""
@@ -157,7 +165,9 @@ class FeedsBack:
     def write_log(self, entry: dict[str, Any], replayed: int, rewards: list[float], cut: list[bool]) -> None:
         """Add the batch's stall signs (``cut``: which completions the length limit cut off; and the
         alarm, said in one line, when one has lasted), the replay buffer's and the sampler's numbers to
-        ``entry`` and append it to the log."""
+        ``entry`` and append it to the log. ``flat`` keeps which completions were in a group of one
+        reward, for ``zero_variance: drop``."""
+        self.flat = tuple(self.stall.flat_rows(rewards))
         entry |= self.stall.signs(rewards, cut)
         alarm = self.stall.alarm(entry["step"], entry)
         if alarm is not None:

@@ -26,6 +26,7 @@ from propel_core.training.trainer import (
     sampled_prompts,
     trainer_arguments,
 )
+from propel_core.training.zero_variance import dropping_flat_groups
 
 
 def train_generator(
@@ -56,7 +57,13 @@ def train_generator(
     buffer = ReplayBuffer.of(replay, seed)
     trainer_class = replaying(GRPOTrainer, buffer, replay.slots) if buffer else GRPOTrainer  # checks TRL's shape
     sampler = run.context_sampler(seed)
-    stop = generator.sampling.stopping_at(domain.stop_strings).stop  # where generate stops
+    stop = [] if domain.multi_turn else generator.sampling.stopping_at(domain.stop_strings).stop  # as generate
+    if stop and train_config.mask_truncated_completions:
+        raise PropelError(
+            f"train.mask_truncated_completions takes a completion that ended on a stop string ({stop[0]!r}, the "
+            "domain's or generator.sampling.stop) for a cut-off one (TRL looks for an end token) and masks it; "
+            "set it false: a completion the limit cut is an invalid task, paid reward.overflow_reward"
+        )
     scorer = reward_scorer(
         run, reward, train_config, main_probe(run, reward), solve, stop=stop, sampler=sampler, replay=buffer
     )
@@ -74,11 +81,13 @@ def train_generator(
     dataset = sampled_prompts(
         sampler, domain.generator_prompt, tokenizer, generator.chat_template, path, contexts_by_prompt
     )
+    if train_config.zero_variance == "drop":
+        trainer_class = dropping_flat_groups(trainer_class, lambda: scorer.flat)
     if not domain.multi_turn:  # a trajectory ends in the tool results' framing, not the policy's end token
         scorer.stall.ends = end_tokens(tokenizer, policy.generation_config)
     arguments = _grpo_arguments(run, folder, train_config, seed, checkpoint_every, scorer.stall.stop)
-    if scorer.stall.stop and not train_config.use_vllm:  # transformers reads stop strings with the tokenizer,
-        policy.generate = functools.partial(policy.generate, tokenizer=tokenizer)  # which TRL does not pass
+    if stop and not train_config.use_vllm:
+        stopping_at_strings(policy, tokenizer)
     multi_turn = {"rollout_func": EpisodeRollouts(domain, tokenizer, contexts_by_prompt, train_config, seed)}
     reward_funcs = [scorer]
     if train_config.overlong_buffer:
@@ -203,6 +212,18 @@ def _grpo_arguments(
         shuffle_dataset=False,  # a shuffle buffer would draw a thousand prompts ahead of the rewards
         generation_kwargs=({"stop": stop} if train_config.use_vllm else {"stop_strings": stop}) if stop else None,
     )
+
+
+def stopping_at_strings(policy, tokenizer) -> None:
+    """Let TRL's transformers generation stop ``policy`` at stop strings: transformers reads them with
+    the tokenizer, which TRL does not pass, so it is bound to the policy's ``generate``; and the rows
+    that stopped are padded, so the pad token is one of the ends TRL masks the completion after."""
+    policy.generate = functools.partial(policy.generate, tokenizer=tokenizer)
+    eos = policy.generation_config.eos_token_id
+    ends = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad not in ends:
+        policy.generation_config.eos_token_id = [*ends, pad]
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from propel_core.training.feedback import logged_steps, reward_never_moved
 from propel_core.training.replay import ReplayBuffer, replaying
 from propel_core.training.solver_reward import SolverRewards
 from propel_core.training.trainer import load_policy, lora_config, sampled_prompts, trainer_arguments
+from propel_core.training.zero_variance import dropping_flat_groups
 
 if TYPE_CHECKING:
     from propel_core.contracts import RewardRule
@@ -98,6 +99,8 @@ def train_solver(
     )
     if buffer is not None:
         trainer_class = replaying(trainer_class, buffer, options.replay.slots)
+    if options.zero_variance == "drop":
+        trainer_class = dropping_flat_groups(trainer_class, lambda: reward.flat)
     trainer = trainer_class(
         model=model,
         reward_funcs=reward,
