@@ -129,14 +129,20 @@ def test_writer_on_a_full_disk_keeps_whole_records(tmpfs):
 def test_full_disk_during_generate_keeps_records_and_resumes(propel_cli, tmp_path, tmpfs):
     disk = tmpfs("size=256k")
     filler = disk / "filler"
-    # three pages left: config.yaml, settings.json and the first page of tasks
-    filler.write_bytes(b"\0" * (256 - 12) * 1024)
     config = arithmetic_config(tmp_path, disk / "run")
     tasks_file = disk / "run" / "tasks.jsonl"
+    # pages left for config.yaml (the resolved config, whose size depends on the run folder's path),
+    # settings.json (under a page) and the first page of tasks
+    resolved = propel_cli("config", str(config), "generate.num_tasks=16").stdout.encode()
+    pages = -(-len(resolved) // 4096) + 2
+    filler.write_bytes(b"\0" * (256 * 1024 - pages * 4096))
     result = propel_cli("-q", "generate", str(config), "generate.num_tasks=16", check=False)
     assert_one_line_error(result, f"{tasks_file}: no space left on the device", "rerun the command to go on")
     kept = list(iter_jsonl(tasks_file, Task))
-    assert 0 < len(kept) < 16  # records of 300+ bytes: about 13 fit in the page left
+    assert (disk / "run" / "config.yaml").read_bytes() == resolved and (
+        disk / "run" / "settings.json"
+    ).stat().st_size < 4096
+    assert 0 < len(kept) < 16  # records of 250+ bytes: about 13 fit in the page left
     assert tasks_file.read_bytes().count(b"\n") == len(kept) and tasks_file.read_bytes().endswith(b"\n")
 
     filler.unlink()
