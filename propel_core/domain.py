@@ -12,6 +12,7 @@ from propel_core.errors import Unavailable
 from propel_core.records import Context, SolverAttempt, Task, Validity, check_value
 
 if TYPE_CHECKING:
+    from propel_core.config import Sampling
     from propel_core.plugins import Registry
 
 log = logging.getLogger("propel")
@@ -189,6 +190,13 @@ class Domain(ABC):
         """A valid task's own verifier score (the ML-engineering RL study: the held-out metric of a submission); None
         when the domain has none."""
         return None
+
+
+def generation_stop(domain: Domain, sampling: Sampling) -> list[str]:
+    """The stop strings the generator's generation ends at under ``sampling``, in generate, evaluate and
+    train alike: the domain's ``stop_strings`` and ``sampling.stop`` for a single-turn domain, none for
+    a multi-turn one (an episode ends its own way)."""
+    return [] if domain.multi_turn else sampling.stopping_at(domain.stop_strings).stop
 
 
 #: the reason a generation the length limit cut off is invalid

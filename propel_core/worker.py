@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from propel_core.backend import Completion, prefill, was_cut_off
 from propel_core.config import DomainConfig, ModelConfig, Sampling
 from propel_core.contracts import Attempt, Episode, Grading, Job
-from propel_core.domain import Messages, Reply, grade_attempt, make_task
+from propel_core.domain import Messages, Reply, generation_stop, grade_attempt, make_task
 from propel_core.errors import PropelError
 from propel_core.records import SolverAttempt, Task, Validity
 
@@ -103,9 +103,8 @@ class Worker:
         if isinstance(job, Episode) and not domain.uses_generator_model:
             generate = no_model  # the generator model is never loaded for such a domain
         sampling = self.sampling
-        if isinstance(job, Episode):  # stop strings end a single-turn generation; an episode ends its own way
-            stop = [] if domain.multi_turn else sampling.stopping_at(domain.stop_strings).stop
-            sampling = sampling.model_copy(update={"stop": stop})
+        if isinstance(job, Episode):
+            sampling = sampling.model_copy(update={"stop": generation_stop(domain, sampling)})
         reply = model_reply(generate or self.generate, sampling, job.seed)
         if isinstance(job, Attempt):
             payload = job.task.payload

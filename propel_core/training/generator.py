@@ -11,6 +11,7 @@ from pathlib import Path
 
 from propel_core.backend import end_tokens
 from propel_core.config import LoraConfig, ModelConfig, RewardConfig, TrainConfig
+from propel_core.domain import generation_stop
 from propel_core.errors import PropelError
 from propel_core.records import Context, Label, Task
 from propel_core.run import Run, log
@@ -57,7 +58,7 @@ def train_generator(
     buffer = ReplayBuffer.of(replay, seed)
     trainer_class = replaying(GRPOTrainer, buffer, replay.slots) if buffer else GRPOTrainer  # checks TRL's shape
     sampler = run.context_sampler(seed)
-    stop = [] if domain.multi_turn else generator.sampling.stopping_at(domain.stop_strings).stop  # as generate
+    stop = generation_stop(domain, generator.sampling)
     if stop and train_config.mask_truncated_completions:
         raise PropelError(
             f"train.mask_truncated_completions takes a completion that ended on a stop string ({stop[0]!r}, the "
@@ -85,7 +86,7 @@ def train_generator(
         trainer_class = dropping_flat_groups(trainer_class, lambda: scorer.flat)
     if not domain.multi_turn:  # a trajectory ends in the tool results' framing, not the policy's end token
         scorer.stall.ends = end_tokens(tokenizer, policy.generation_config)
-    arguments = _grpo_arguments(run, folder, train_config, seed, checkpoint_every, scorer.stall.stop)
+    arguments = _grpo_arguments(run, folder, train_config, seed, checkpoint_every, stop)
     if stop and not train_config.use_vllm:
         stopping_at_strings(policy, tokenizer)
     multi_turn = {"rollout_func": EpisodeRollouts(domain, tokenizer, contexts_by_prompt, train_config, seed)}
