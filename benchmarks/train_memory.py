@@ -79,11 +79,11 @@ def main() -> None:
         def on_step_end(self, args, state, control, **kwargs):
             mark(f"GRPO step {state.global_step} done")
 
-    def train_and_save(trainer, folder):
+    def train_and_save(trainer, folder, *args, **options):
         mark("GRPO trainer built (LoRA wrapped)")
         trainer.add_callback(Steps())
         sampler.start()
-        saving(trainer, folder)
+        saving(trainer, folder, *args, **options)
 
     saving = generator.train_and_save
     generator.train_and_save = train_and_save

@@ -251,8 +251,40 @@ def test_report_is_one_self_contained_page_that_leads_with_the_answer(evaluated_
     verdict = page.index("<p class='verdict'>Against the base generator, trained ")
     assert "paired over 6 contexts" in page and "(few contexts: a wide interval)" in page
     assert verdict < page.index("<h2>Probe quality") < page.index("<h2>Configuration</h2><details>")
-    # held-out metrics name their rows; a handful of rows is flagged
+    # held-out metrics name their rows; a handful of rows is flagged; every cell of the sweep is a row
     assert "on held-out test rows" in page and "rows: too few to tell)" in page
+    cells = len((evaluated_run.dir / "probes" / "sweep.csv").read_text().splitlines()) - 1
+    sweep = page.split("every cell of the sweep", 1)[1].split("</details>", 1)[0]
+    assert sweep.count("<tr>") == cells + 1 and sweep.count(">selected<") == 1
+
+
+def test_report_shows_the_probe_the_reward_read_from_another_run(evaluated_run, tmp_path):
+    """A run trained on another run's probe (reward.main_probe) shows that probe's quality, named by
+    its path, not "not available yet"."""
+    bundle = evaluated_run.dir / "probes" / "selected"
+    run = with_config(
+        evaluated_run,
+        run_dir=str(tmp_path / "run"),
+        reward=evaluated_run.config.reward.model_dump(mode="json") | {"main_probe": str(bundle)},
+    )
+    run.dir.mkdir()  # the CLI makes a run's folder before its first stage
+    report(run)
+    section = (tmp_path / "run" / "report.html").read_text().split("<h2>Probe quality</h2>", 1)[1].split("<h2>")[0]
+    assert str(bundle) in section and "balanced_accuracy on held-out test rows" in section
+    assert "not available yet" not in section and "every cell of the sweep" in section
+
+
+def test_the_report_shows_what_the_context_sampler_said_last():
+    from propel_core.stages.report import sampler_section
+
+    entries = [
+        {"step": 0, "sampler": {"buckets_with_data": 1}},
+        {"step": 1, "sampler": {"bucket_probabilities": {"a": 0.25, "b": 0.75}, "buckets_with_data": 2}},
+        {"step": 2},
+    ]
+    section = sampler_section(entries)
+    assert "at step 2" in section and "a 0.25, b 0.75" in section and "<td>buckets_with_data</td>" in section
+    assert sampler_section([{"step": 0}]) == ""
 
 
 def test_report_names_the_stages_still_to_run(planted_run, tmp_path, propel_registry):
@@ -586,3 +618,16 @@ def test_zero_variance_drop_leaves_the_groups_of_one_reward_out_of_the_loss(trai
         with_config(probed_run, train=settings | {"loss_type": "bnpo"})
     with pytest.raises(PropelError, match="overlong_buffer adds a length penalty"):
         with_config(probed_run, train=settings | {"overlong_buffer": 4})
+
+
+def test_the_model_card_names_the_base_and_its_tags_in_order(trained_run):
+    """TRL's card names a base only by a hub id, so the embedded default's converted weights read
+    "[None]"; the card names where the weights came from instead, and sorts TRL's tags."""
+    from propel_core.embedded import model_source
+
+    probed_run, _ = trained_run
+    card = (probed_run.dir / "train" / "README.md").read_text()
+    assert f"This model is trained from {model_source(None)}." in card and "[None]" not in card
+    after = card.split("tags:\n", 1)[1].splitlines()
+    tags = after[: next(i for i, line in enumerate(after) if not line.startswith("- "))]
+    assert tags == sorted(tags) and "- grpo" in tags

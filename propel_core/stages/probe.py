@@ -159,7 +159,9 @@ def _save_selected(run: Run, folder: Path, chosen: dict, cell: tuple, y) -> None
     config, probe_config = run.config, run.config.probe
     temperature = fit_temperature(trained.logits(x[val]), y[val]) if probe_config.calibrate else 1.0
     held_out = torch.cat([val, test])
-    reliability(folder / "reliability.png", y[held_out], torch.sigmoid(trained.logits(x[held_out]) / temperature))
+    probabilities = torch.sigmoid(trained.logits(x[held_out]) / temperature)
+    rows = f"{len(val)} validation + {len(test)} test rows of its split"
+    reliability(folder / "reliability.png", y[held_out], probabilities, rows)
     bundle = ProbeBundle(
         reference_model=config.reference.model or EMBEDDED_MODEL_ID,
         reference=reference_settings(config.reference),
@@ -279,8 +281,9 @@ def heatmap(path, cells: list[dict], config) -> None:
     plt.close(figure)
 
 
-def reliability(path, y, probabilities, bins: int = 10) -> None:
-    """Reliability diagram of the selected probe on its held-out rows: in-band rate per probability bin."""
+def reliability(path, y, probabilities, rows: str, bins: int = 10) -> None:
+    """Reliability diagram of the selected probe on its held-out rows (``rows`` says which): in-band rate
+    per probability bin."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -296,27 +299,40 @@ def reliability(path, y, probabilities, bins: int = 10) -> None:
     axis.set_ylim(0, 1)
     axis.set_xlabel("calibrated probe probability")
     axis.set_ylabel("in-band rate")
-    axis.set_title(f"selected probe, {len(y)} held-out rows")
+    axis.set_title(f"selected probe: {rows}", fontsize=9)
     axis.legend(loc="upper left")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
-ROW = "  {:>5} {:<18} {:<9} {:<10} {:>8} {:>7} {:>9} {:>8}{}"
-
-
 def selection_table(cells: list[dict], chosen: dict) -> str:
+    """The five best cells by validation balanced accuracy (and the chosen one, where it is not among
+    them), in columns as wide as their longest entry (a plugin's architecture may have a long name)."""
     ranked = sorted(cells, key=lambda c: -c["val_balanced_accuracy"])[:5]
-    lines = [f"{len(cells)} cells; top by validation balanced accuracy:"]
-    lines.append(ROW.format("layer", "pooling", "arch", "balance", "val bacc", "val ece", "test bacc", "rvp", ""))
-    for c in [*ranked, *([chosen] if chosen not in ranked else [])]:
-        numbers = (f"{c['val_balanced_accuracy']:.3f}", f"{c['val_ece']:.3f}", f"{c['test_balanced_accuracy']:.3f}")
-        mark = "  <- selected" if c is chosen else ""
-        lines.append(
-            ROW.format(c["layer"], c["pooling"], c["architecture"], c["balance"], *numbers, f"{c['rvp']:.4f}", mark)
+    header = ("layer", "pooling", "arch", "balance", "val bacc", "val ece", "test bacc", "rvp")
+    rows = [
+        (
+            str(c["layer"]),
+            c["pooling"],
+            c["architecture"],
+            c["balance"],
+            f"{c['val_balanced_accuracy']:.3f}",
+            f"{c['val_ece']:.3f}",
+            f"{c['test_balanced_accuracy']:.3f}",
+            f"{c['rvp']:.4f}",
+            "  <- selected" if c is chosen else "",
         )
-    return "\n".join(lines)
+        for c in [*ranked, *([chosen] if chosen not in ranked else [])]
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(row) -> str:
+        texts = zip(row[: len(header)], widths, strict=True)
+        cells = [text.ljust(width) if i in (1, 2, 3) else text.rjust(width) for i, (text, width) in enumerate(texts)]
+        return "  " + " ".join(cells) + "".join(row[len(header) :])
+
+    return "\n".join([f"{len(cells)} cells; top by validation balanced accuracy:", line(header), *map(line, rows)])
 
 
 def _mean(values: list) -> float:

@@ -25,7 +25,7 @@ from propel_core.provenance import refusals
 from propel_core.records import Label, Task, iter_jsonl, write_readable
 from propel_core.run import Run
 from propel_core.training.audit import read_records
-from propel_core.training.generator_reward import COMPLETIONS
+from propel_core.training.generator_reward import COMPLETIONS, main_probe
 
 #: where ``benchmarks/frontier_shift.py`` leaves the experiment's summary (``benchmarks/experiment.py``)
 EXPERIMENT = Path("experiment") / "frontier_shift.json"
@@ -53,7 +53,7 @@ def report(run: Run) -> None:
         folder = experiment.parent
         sections = [
             ("Does it work? The frontier-shift experiment", experiment_section(summary, folder)),
-            ("Probe quality", probe_section(root) + probe_on_arms_section(summary)),
+            ("Probe quality", probe_section(root, main_probe(run, run.config.reward)) + probe_on_arms_section(summary)),
             (
                 "Training, per arm (mean over RL seeds)",
                 image(folder / "curves.png", "training curves per arm") + training_table(summary),
@@ -63,7 +63,7 @@ def report(run: Run) -> None:
     else:
         sections = [
             ("Does it work? Base vs trained (real solver runs)", headline_section(root)),
-            ("Probe quality", probe_section(root)),
+            ("Probe quality", probe_section(root, main_probe(run, run.config.reward))),
             ("Training", training_section(root)),
             ("Solve counts, base vs trained", evaluation_section(root)),
         ]
@@ -296,13 +296,16 @@ def funnel_section(root: Path) -> str:
     return rows_table(["step", "tasks"], [list(step) for step in steps]) + note
 
 
-def probe_section(root: Path) -> str:
-    bundle = root / "probes" / "selected" / "probe.json"
+def probe_section(root: Path, selected: Path) -> str:
+    """The probe the reward reads (``selected``: ``reward.main_probe``, else the run's own), with the
+    sweep it was chosen from when that sweep's folder has one."""
+    bundle = selected / "probe.json"
     if not bundle.exists():
         return missing(root, "probe")
     description = json.loads(bundle.read_text())
     found = description["metrics"]
     chosen = [
+        ["bundle", str(selected) if selected != root / "probes" / "selected" else "this run's probes/selected"],
         ["cell", f"layer {description['layer']}, {description['pooling']}, {description['architecture']}"],
         ["temperature", description["temperature"]],
         ["training rows", description["training_rows"]],
@@ -318,11 +321,56 @@ def probe_section(root: Path) -> str:
                 with_n(found["rvp"], found.get("rvp_rows"), digits=4),
             ]
         )
+    sweep = selected.parent
     return (
-        "<h3>Selected probe</h3>"
+        "<h3>Selected probe</h3><p>Each metric is the mean over the sweep's splits, with the mean rows per "
+        "split; the reliability diagram shows the rows held out from the split the selected head was fitted "
+        "on.</p>"
         + rows_table(["", ""], chosen)
-        + image(root / "probes" / "reliability.png", "reliability diagram")
-        + image(root / "probes" / "sweep_heatmap.png", "probe sweep heatmap")
+        + image(sweep / "reliability.png", "reliability diagram")
+        + image(sweep / "sweep_heatmap.png", "probe sweep heatmap")
+        + sweep_table(sweep / "sweep.csv", description)
+    )
+
+
+SWEEP_COLUMNS = (
+    ("layer", "layer"),
+    ("pooling", "pooling"),
+    ("architecture", "architecture"),
+    ("balance", "balance"),
+    ("val_balanced_accuracy", "val bacc"),
+    ("val_ece", "val ece"),
+    ("test_balanced_accuracy", "test bacc"),
+    ("rvp", "RVP"),
+)
+
+
+def _sweep_value(value: str) -> str:
+    try:
+        return f"{float(value):.3f}"
+    except ValueError:
+        return value
+
+
+def sweep_table(path: Path, selected: dict) -> str:
+    """Every cell of the sweep (``sweep.csv``), best validation balanced accuracy first, the selected
+    one marked; nothing where there is no sweep file."""
+    import csv
+
+    if not path.exists():
+        return ""
+    with path.open(newline="") as handle:
+        cells = list(csv.DictReader(handle))
+    cells.sort(key=lambda cell: -float(cell.get("val_balanced_accuracy") or "nan"))
+    rows = []
+    for cell in cells:
+        mine = all(str(selected.get(key)) == cell.get(key) for key in ("layer", "pooling", "architecture"))
+        shown = [cell.get(key, "") for key, _ in SWEEP_COLUMNS]
+        rows.append([_sweep_value(value) if i > 3 else value for i, value in enumerate(shown)] + ["selected" * mine])
+    return (
+        "<details><summary>every cell of the sweep</summary>"
+        + rows_table([name for _, name in SWEEP_COLUMNS] + [""], rows)
+        + "</details>"
     )
 
 
@@ -334,8 +382,30 @@ def training_section(root: Path) -> str:
     curves = root / "train" / "curves.png"
     training_curves(curves, entries)
     section = rules_line(entries) + alarms(entries) + image(curves, "training curves")
-    section += audit_section(root / "train", entries)
+    section += sampler_section(entries) + audit_section(root / "train", entries)
     return section + completions_table(root / "train" / COMPLETIONS)
+
+
+def sampler_section(entries: list[dict]) -> str:
+    """What the context sampler said of itself at the last step that logged it (``diagnostics()``, e.g.
+    the progress sampler's bucket probabilities beside the data's); nothing for a sampler that says
+    nothing."""
+    logged = [entry for entry in entries if isinstance(entry.get("sampler"), dict)]
+    if not logged:
+        return ""
+    rows = [[key, _diagnostic(value)] for key, value in logged[-1]["sampler"].items()]
+    return f"<h3>Context sampler, at step {logged[-1]['step'] + 1}</h3>" + rows_table(["", ""], rows)
+
+
+def _diagnostic(value: object) -> str:
+    """A sampler's diagnostic as a line: numbers to 3 digits, a mapping of them as name-value pairs."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int | float):
+        return f"{value:.3g}"
+    if isinstance(value, dict) and all(isinstance(v, int | float) for v in value.values()):
+        return ", ".join(f"{key} {number:.3g}" for key, number in value.items())
+    return json.dumps(value)[:300]
 
 
 def audit_section(folder: Path, entries: list[dict]) -> str:

@@ -54,7 +54,7 @@ def keep_steps_before(log_path: Path, step: int) -> None:
     keep_entries(log_path, lambda entry: entry["step"] < step)
 
 
-def train_and_save(trainer, folder: Path, checkpoint: Path | None = None, finished: bool = False) -> None:
+def train_and_save(trainer, folder: Path, base: str, checkpoint: Path | None = None, finished: bool = False) -> None:
     """Run a TRL trainer (from ``checkpoint`` when given), save its LoRA adapter to ``folder/adapter``
     and its metrics to ``log.jsonl``. A checkpoint at the last step, or one ``finished`` says ends the
     training (an audit's stop rule), is the result itself: nothing trains again, its adapter and log
@@ -71,24 +71,27 @@ def train_and_save(trainer, folder: Path, checkpoint: Path | None = None, finish
             log.info("resuming from %s (checkpoint.resume: false starts over)", checkpoint)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         trainer.save_model(str(folder / "adapter"))
-        sort_card_tags(folder / "README.md")
+        tidy_card(folder / "README.md", base)
         history = trainer.state.log_history
     with (folder / "log.jsonl").open("w") as handle:
         for entry in history:
             handle.write(json.dumps(entry) + "\n")
 
 
-def sort_card_tags(card: Path) -> None:
-    """Sort the tags of TRL's model card (``README.md`` of a training folder): TRL lists them from a set,
-    in an order string hashing changes from process to process, and two runs of one seed should write
-    the same card."""
+def tidy_card(card: Path, base: str) -> None:
+    """TRL's model card (``README.md`` of a training folder), made to say the same in every run and to
+    name its base: TRL lists the tags from a set, in an order string hashing changes from process to
+    process, and names the base model only by a hub id it reads from the model's config, so a local
+    folder (the embedded default's converted weights) reads "[None]"; ``base`` is where the weights
+    came from (``embedded.model_source``)."""
     if not card.exists():
         return
-    lines = card.read_text().split("\n")
-    if "tags:" not in lines:
-        return
-    start = lines.index("tags:") + 1
-    end = start
-    while end < len(lines) and lines[end].startswith("- "):
-        end += 1
-    card.write_text("\n".join([*lines[:start], *sorted(lines[start:end]), *lines[end:]]))
+    unnamed = "a fine-tuned version of [None](https://huggingface.co/None)"
+    text = card.read_text().replace(unnamed, f"trained from {base}")
+    lines = text.split("\n")
+    if "tags:" in lines:
+        start = end = lines.index("tags:") + 1
+        while end < len(lines) and lines[end].startswith("- "):
+            end += 1
+        lines = [*lines[:start], *sorted(lines[start:end]), *lines[end:]]
+    card.write_text("\n".join(lines))

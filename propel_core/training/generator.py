@@ -12,6 +12,7 @@ from pathlib import Path
 from propel_core.backend import end_tokens
 from propel_core.config import LoraConfig, ModelConfig, RewardConfig, TrainConfig
 from propel_core.domain import generation_stop
+from propel_core.embedded import model_source
 from propel_core.errors import PropelError
 from propel_core.records import Context, Label, Task
 from propel_core.run import Run, log
@@ -112,7 +113,8 @@ def train_generator(
     generation_batch = train_config.per_device_batch * train_config.gradient_accumulation
     prompts = generation_batch // train_config.group_size
     log.info("GRPO: %d steps, %d prompts x %d generations each", train_config.steps, prompts, train_config.group_size)
-    if not _audited_training(run, trainer, folder, checkpoint, audit):
+    base = model_source(generator.model, generator.revision)
+    if not _audited_training(run, trainer, folder, base, checkpoint, audit):
         return
     rewards = logged_steps(folder / "reward_log.jsonl")
     still = reward_never_moved(rewards)
@@ -122,22 +124,22 @@ def train_generator(
     )
 
 
-def _audited_training(run: Run, trainer, folder: Path, checkpoint: Path | None, audit: Audit | None) -> bool:
+def _audited_training(run: Run, trainer, folder: Path, base: str, checkpoint: Path | None, audit: Audit | None) -> bool:
     """``train_and_save``, with the audit's callback when there is one: its last audits are waited for
     (dropped if training failed), and a stop rule they met is said in one line. False when the audits
     before the checkpoint had already stopped this training (nothing trains)."""
     if audit is None:
-        train_and_save(trainer, folder, checkpoint)
+        train_and_save(trainer, folder, base, checkpoint)
         return True
     trainer.add_callback(audited(audit))
     if audit.stop_reason:  # met by the audits before the checkpoint: this training is over
         audit.close()
         run.say(f"training stopped before this run: {audit.stop_reason}; checkpoint.resume=false starts over")
         if not (folder / "adapter").exists():
-            train_and_save(trainer, folder, checkpoint, finished=True)
+            train_and_save(trainer, folder, base, checkpoint, finished=True)
         return False
     try:
-        train_and_save(trainer, folder, checkpoint)
+        train_and_save(trainer, folder, base, checkpoint)
     except BaseException:
         audit.close(cancel=True)
         raise

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from propel_core.backend import prefill, prompt_text
 from propel_core.config import LoraConfig, ModelConfig, SelfTrainConfig, SolveTrainConfig
 from propel_core.domain import Domain
+from propel_core.embedded import model_source
 from propel_core.execution import graded_texts
 from propel_core.records import Context, SolverAttempt, Task
 from propel_core.training.checkpoints import keep_steps_before, step_of, train_and_save
@@ -109,7 +110,7 @@ def train_solver(
         processing_class=tokenizer,
         peft_config=lora_config(lora),
     )
-    train_and_save(trainer, folder, checkpoint)
+    train_and_save(trainer, folder, model_source(solver.model, solver.revision), checkpoint)
     if (still := reward_never_moved(logged_steps(reward.log_path))) is not None:
         run.say(f"solve_train {options.name}: {still}")
 
@@ -167,7 +168,7 @@ def fine_tune_solver(
         processing_class=tokenizer,
         peft_config=lora_config(lora),
     )
-    train_and_save(trainer, folder)
+    train_and_save(trainer, folder, model_source(solver.model, solver.revision))
 
 
 def keep_clean(domain: Domain, attempts: list[SolverAttempt], max_chars: int, funnel: dict[str, int]) -> list[str]:
