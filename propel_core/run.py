@@ -29,6 +29,7 @@ from propel_core.domain import Domain
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
 from propel_core.provenance import claim
+from propel_core.ranks import is_main, join, launch_warning
 from propel_core.records import readable
 from propel_core.tracking import Tracker
 from propel_core.worker import Worker
@@ -63,8 +64,10 @@ class Run:
         return path
 
     def save_config(self) -> None:
+        """Write the resolved config to ``config.yaml`` (the main process of a launch alone)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.yaml").write_text(dump_config(self.config))
+        if is_main():
+            (self.dir / "config.yaml").write_text(dump_config(self.config))
 
     def backend(self, role: str) -> ModelBackend:
         """The backend of one model role, loaded on first use; roles naming the same model share it."""
@@ -107,22 +110,29 @@ class Run:
         return self._tracker
 
     def track(self, stage: str, metrics: dict[str, Any], step: int = 0) -> None:
-        """Log a stage's numbers to every tracker of ``report_to`` (nothing with ``none``)."""
-        self.tracker.log(stage, metrics, step)
+        """Log a stage's numbers to every tracker of ``report_to`` (nothing with ``none``; the main
+        process of a launch alone)."""
+        if is_main():
+            self.tracker.log(stage, metrics, step)
 
     def claim(
         self, output: str, exists: bool, more_keys: tuple[str, ...] = (), values: dict[str, Any] | None = None
     ) -> None:
         """Before a stage adds to ``output`` (a file or folder of the run, holding records when
         ``exists``): refuse if it was made with other settings, and record the ones used now (with the
-        config keys and values the stage adds; see :func:`propel_core.provenance.claim`)."""
+        config keys and values the stage adds; see :func:`propel_core.provenance.claim`). The main
+        process of a launch claims for all: the others would rewrite its record."""
+        if not is_main():
+            return
         config = self.config.model_dump(mode="json")
         claim(self.dir, output, config, exists, self.config.allow_changed_settings, more_keys, values)
 
     def say(self, text: str) -> None:
         """Tell the user what a stage found (its summary, table or verdict): on standard output, also
-        with ``-q``, which silences only progress (bars and ``log`` messages)."""
-        click.echo(readable(text))
+        with ``-q``, which silences only progress (bars and ``log`` messages). Under a launch of several
+        processes the main one says it, from what all of them did."""
+        if is_main():
+            click.echo(readable(text))
 
     @contextlib.contextmanager
     def progress(self, description: str, total: int) -> Iterator[Callable[..., None]]:
@@ -219,7 +229,11 @@ def start_run(
 ) -> Run:
     """The run a command works in: ``configs`` merged with ``key=value`` ``overrides``, validated
     against the installed plugins, its folder made and its resolved config saved there. The CLI's
-    verbs and plugin commands (``propel swe preflight``) start this way."""
+    verbs and plugin commands (``propel swe preflight``) start this way. Under ``accelerate launch``
+    the process joins the launch's group first (:mod:`propel_core.ranks`)."""
+    join()
+    if (warning := launch_warning()) is not None:
+        log.warning("%s", warning)
     registry = registry or Registry.build()
     run = Run(load_config([str(path) for path in configs], list(overrides), registry), registry, quiet=quiet)
     run.tracker  # noqa: B018  (a tracker that is not installed stops the command now, not after its work)

@@ -261,58 +261,119 @@ def test_a_probe_bundle_reads_with_plain_transformers_and_safetensors(tmp_path, 
     assert logits == pytest.approx(expected, abs=1e-3)
 
 
+def launch(*arguments: str) -> list[str]:
+    """``accelerate launch`` of two processes with the shipped DDP file, over gloo (this machine has no
+    GPU, so no bf16), on a free port."""
+    import socket
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    flags = ["--config_file", str(ROOT / "docs" / "accelerate" / "ddp.yaml"), "--num_processes", "2"]
+    return [accelerate, "launch", *flags, "--mixed_precision", "no", "--main_process_port", str(port), *arguments]
+
+
+def test_the_shipped_accelerate_files_are_what_accelerate_reads():
+    """docs/accelerate/: DDP, DeepSpeed ZeRO-2 and FSDP 2, each read by accelerate's own loader (which
+    refuses a key it does not know) and launched by the line in its header."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    kinds = {}
+    for path in sorted((ROOT / "docs" / "accelerate").glob("*.yaml")):
+        config = load_config_from_file(str(path))
+        kinds[path.name] = config.distributed_type.value
+        assert f"--config_file docs/accelerate/{path.name} -m propel_core.cli train run.yaml" in path.read_text()
+    assert kinds == {
+        "ddp.yaml": "MULTI_GPU",
+        "deepspeed_zero2.yaml": "DEEPSPEED",
+        "fsdp.yaml": "FSDP",
+    }
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (torch's launcher starts its workers in sessions of
+    their own, out of reach of a signal to its process group)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
 @pytest.mark.slow
-def test_training_killed_after_a_checkpoint_resumes_from_it(tmp_path, propel_cli):
-    """SIGKILL `propel train` once a checkpoint is saved; the rerun goes on from it to the last step,
-    with one reward-log entry per step, and a rerun with other training settings, another reward rule or
-    (for a rule that runs the solver) other solver settings is refused."""
+def test_a_training_on_two_processes_writes_each_step_once_and_resumes_after_kill_9(tmp_path):
+    """`propel train` under `accelerate launch` of two processes (DDP over gloo), killed with SIGKILL
+    (launcher and processes) once a checkpoint is saved: the rerun goes on from it to the last step. Each
+    step is one reward-log entry and one completions entry covering both processes' completions, the
+    context sampler saw the whole step, the closing line is said once, the adapter is float32; a rerun
+    with other training settings, another reward rule or (for a rule that runs the solver) other solver
+    settings is refused."""
     import os
     import signal
     import subprocess
-    import sys
     import time
+
+    from safetensors.torch import load_file
+
+    from propel_core.stages import run_stage
 
     (tmp_path / "run.yaml").write_text(
         f"run_dir: {tmp_path}\ndomain: {{name: arithmetic}}\nsolver: {{backend: arithmetic_skill}}\n"
-        "label: {k: 2}\nreward: {rule: solver_in_the_loop}\n"
+        "label: {k: 2}\nreward: {rule: solver_in_the_loop}\ngenerate: {context_sampler: progress}\n"
         "train: {steps: 3, group_size: 2, per_device_batch: 2, gradient_accumulation: 1,\n"
         "        max_completion_length: 12, gradient_checkpointing: false}\ncheckpoint: {every: 1}\n"
     )
-    command = [str(Path(sys.executable).with_name("propel")), "-q", "train", str(tmp_path / "run.yaml")]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    train = launch("-m", "propel_core.cli", "train", str(tmp_path / "run.yaml"))
+    process = subprocess.Popen(train, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state = tmp_path / "train" / "checkpoint-1" / "trainer_state.json"
     deadline = time.monotonic() + 600
     while not state.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert process.poll() is None, "training ended before its first checkpoint"
     time.sleep(0.5)  # let the checkpoint's last files land
-    os.kill(process.pid, signal.SIGKILL)
+    for pid in [process.pid, *descendants(process.pid)]:  # the launcher and both processes, as a lost node
+        os.kill(pid, signal.SIGKILL)
     process.wait()
     assert not (tmp_path / "train" / "adapter").exists()
 
-    refused = propel_cli("train", str(tmp_path / "run.yaml"), "train.lr=1e-3", check=False)
-    assert refused.returncode == 1 and "train was made with other settings (train.lr: 5e-05 -> 0.001)" in refused.stderr
-    rule = propel_cli("train", str(tmp_path / "run.yaml"), "reward.rule=hard", check=False)  # one adapter, one rule
-    assert rule.returncode == 1 and 'reward.rule: "solver_in_the_loop" -> "hard"' in rule.stderr
-    solver = propel_cli("train", str(tmp_path / "run.yaml"), "solver.sampling.temperature=0.9", check=False)
-    assert solver.returncode == 1 and "(solver.sampling.temperature: 0.6 -> 0.9)" in solver.stderr  # the rule reads it
+    for override, refusal in [
+        ("train.lr=1e-3", "train was made with other settings (train.lr: 5e-05 -> 0.001)"),
+        ("reward.rule=hard", 'reward.rule: "solver_in_the_loop" -> "hard"'),  # one adapter, one rule
+        ("solver.sampling.temperature=0.9", "(solver.sampling.temperature: 0.6 -> 0.9)"),  # the rule reads it
+    ]:
+        with pytest.raises(PropelError) as refused:
+            run_stage(start_run([tmp_path / "run.yaml"], [override], quiet=True), "train")
+        assert refusal in str(refused.value)
 
-    resumed = propel_cli("train", str(tmp_path / "run.yaml"))
-    assert "resuming from" in resumed.stderr and "checkpoint-" in resumed.stderr
-    steps = [json.loads(line)["step"] for line in (tmp_path / "train" / "reward_log.jsonl").read_text().splitlines()]
-    assert steps == [0, 1, 2]  # each step once: the killed run's, then the resumed run's
-    final = json.loads((tmp_path / "train" / "checkpoint-3" / "trainer_state.json").read_text())
-    assert final["global_step"] == 3 and (tmp_path / "train" / "adapter" / "adapter_model.safetensors").exists()
-    again = propel_cli("train", str(tmp_path / "run.yaml"))  # a finished run: nothing trains again
-    assert "is at the last step (3): nothing to train" in again.stderr
+    resumed = subprocess.run(train, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stderr.count("resuming from") == 1  # logged by the main process
+    assert resumed.stdout.count("trained 3 steps; reward mean first") == 1  # said once, by the main process
+    entries = [json.loads(line) for line in (tmp_path / "train" / "reward_log.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in entries] == [0, 1, 2]  # each step once: the killed run's, then the resumed one's
+    samples = [json.loads(line) for line in (tmp_path / "train" / "completions.jsonl").read_text().splitlines()]
+    assert [sample["step"] for sample in samples] == [0, 1, 2]
+    for entry, sample in zip(entries, samples, strict=True):
+        rewards = [completion["reward"] for completion in sample["completions"]]
+        assert len(rewards) == 4  # two processes, a group of two each: the whole step
+        assert sum(rewards) / 4 == pytest.approx(entry["reward_mean"])
+        assert entry["sampler"]["degenerate_groups"] == entry["degenerate_groups"]  # the sampler saw both groups
+    weights = load_file(tmp_path / "train" / "adapter" / "adapter_model.safetensors")
+    assert {str(tensor.dtype) for tensor in weights.values()} == {"torch.float32"}
+    assert json.loads((tmp_path / "train" / "log.jsonl").read_text().splitlines()[-1])["train_runtime"] > 0
+    again = subprocess.run(train, capture_output=True, text=True, timeout=900)  # finished: nothing trains again
+    assert again.returncode == 0 and "is at the last step (3): nothing to train" in again.stderr
     assert not (tmp_path / "train" / "checkpoint-4").exists()
-    assert [
-        json.loads(line)["step"] for line in (tmp_path / "train" / "reward_log.jsonl").read_text().splitlines()
-    ] == [
-        0,
-        1,
-        2,
-    ]
+    assert len((tmp_path / "train" / "reward_log.jsonl").read_text().splitlines()) == 3
 
 
 def test_a_stages_own_settings_replace_what_its_inputs_recorded(tmp_path):
@@ -406,3 +467,84 @@ def test_a_finished_adapter_without_checkpoints_is_not_retrained_under_another_r
     other = validate_config({"run_dir": str(tmp_path), "domain": {"name": "countdown"}, "reward": {"rule": "soft"}})
     claim(tmp_path, "train", other.model_dump(mode="json"), False, False, ("reward.options.soft",))
     claim(tmp_path, "eval/base", other.model_dump(mode="json"), True, False, values={"adapter": None})
+
+
+def test_a_launch_of_several_processes_runs_only_the_stages_made_for_it(tmp_path, monkeypatch):
+    """Under `accelerate launch` of several processes, a stage that runs in one process (rank, label,
+    evaluate, ...) refuses before it reads or writes anything; train and solve-train are the ones made
+    for it."""
+    from propel_core.ranks import DISTRIBUTED_STAGES
+    from propel_core.stages import FOLLOW_UPS, STAGES, run_stage
+
+    run = labeled_run(tmp_path)
+    before = sorted(path.name for path in tmp_path.iterdir())
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name in [*STAGES, *FOLLOW_UPS]:
+        if name in DISTRIBUTED_STAGES:
+            continue
+        with pytest.raises(PropelError, match=rf"`propel {name}` runs in one process, and accelerate launch started 2"):
+            run_stage(run, name)
+    assert sorted(path.name for path in tmp_path.iterdir()) == before
+    assert set(DISTRIBUTED_STAGES) == {"train", "solve-train"}
+
+
+def test_a_launch_that_asked_for_several_processes_and_started_one_says_so(tmp_path, monkeypatch):
+    """`accelerate launch --cpu --num_processes 2` starts one process: the launcher's command line says
+    what was asked, and the run warns that it is not distributed."""
+    from propel_core import ranks
+
+    parent = tmp_path / "cmdline"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for words, asked in [
+        (["accelerate", "launch", "--cpu", "--num_processes", "2", "-m", "propel_core.cli", "train"], 2),
+        (["accelerate", "launch", "--num_processes=4", "x.py"], 4),
+        (["accelerate", "launch", "--num-processes", "1", "x.py"], 1),
+        (["accelerate", "launch", "x.py", "--num_processes"], None),
+    ]:
+        parent.write_bytes("\0".join(words).encode() + b"\0")
+        assert ranks.asked_processes(parent) == asked
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    assert ranks.asked_processes(parent) is None  # not started by accelerate launch
+    monkeypatch.setattr(ranks, "asked_processes", lambda: 2)
+    assert "asked for 2 processes and started one" in ranks.launch_warning()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert ranks.launch_warning() is None
+
+
+def test_an_adapter_saved_in_bfloat16_is_rewritten_in_float32(tmp_path):
+    """DeepSpeed under TRL's default bf16 saves a bfloat16 adapter; train_and_save keeps one dtype."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from propel_core.training.checkpoints import in_float32
+
+    weights = tmp_path / "adapter_model.safetensors"
+    tensors = {"a": torch.randn(3, 4, dtype=torch.bfloat16), "steps": torch.arange(3)}
+    save_file(tensors, weights, {"format": "pt"})
+    in_float32(weights)
+    out = load_file(weights)
+    assert out["a"].dtype == torch.float32 and torch.equal(out["a"], tensors["a"].float())
+    assert torch.equal(out["steps"], tensors["steps"])
+    with safe_open(weights, "pt") as handle:
+        assert handle.metadata() == {"format": "pt"}
+    written = weights.stat().st_mtime_ns
+    in_float32(weights)  # already float32: left as it is
+    assert weights.stat().st_mtime_ns == written
+
+
+def test_fsdp_refuses_what_would_run_other_forward_passes_in_each_process(monkeypatch, propel_registry):
+    """Under FSDP the processes must run the same forward passes on the sharded policy: a multi-turn
+    domain (episodes of other lengths) and train.audit (the main process copies the adapter alone) are
+    refused before any model loads; DDP takes both."""
+    from propel_core.config import TrainConfig
+    from propel_core.training.generator import _check
+
+    arithmetic = propel_registry.domain("arithmetic")
+    audited = TrainConfig.model_validate({"audit": {"every": 2}})
+    _check(arithmetic, audited)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(PropelError, match="under FSDP every process must run the same forward passes"):
+        _check(arithmetic, audited)
+    _check(arithmetic, TrainConfig())

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from propel_core.errors import PropelError
 from propel_core.provenance import record_refusal
+from propel_core.ranks import DISTRIBUTED_STAGES, is_main, process_count
 from propel_core.run import Run
 from propel_core.stages.coevolve import coevolve
 from propel_core.stages.evaluate import evaluate
@@ -47,7 +48,16 @@ def run_stage(run: Run, name: str) -> None:
     the band, no valid tasks, a file made with other settings), the reason and the pipeline stages it
     holds up are kept in the run folder for ``propel report`` to show
     (:func:`propel_core.provenance.record_refusal`) before the error goes on; when it finishes, a
-    reason kept from before is dropped."""
+    reason kept from before is dropped. Under a launch of several processes only the
+    ``DISTRIBUTED_STAGES`` run; any other refuses before it starts."""
+    if process_count() > 1 and name not in DISTRIBUTED_STAGES:
+        raise PropelError(
+            f"`propel {name}` runs in one process, and accelerate launch started {process_count()}: run it "
+            f"without accelerate launch (a launch of several runs {' and '.join(DISTRIBUTED_STAGES)})"
+        )
+    if not is_main():  # the main process records refusals for all
+        {**STAGES, **FOLLOW_UPS}[name](run)
+        return
     try:
         {**STAGES, **FOLLOW_UPS}[name](run)
     except PropelError as exc:

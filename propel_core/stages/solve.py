@@ -21,6 +21,7 @@ from propel_core.errors import NotEnoughData, PropelError
 from propel_core.evaluation import paired_comparison, pass_at_k
 from propel_core.execution import graded_attempts
 from propel_core.probes.bundles import load_probe
+from propel_core.ranks import is_main
 from propel_core.records import Label, Task, iter_jsonl, to_json
 from propel_core.run import Run, log
 from propel_core.training.checkpoints import goes_on, prepare_folder
@@ -85,6 +86,8 @@ def solve_train(run: Run) -> None:
     train_solver(
         run, folder, tasks, options, config.solver, rule, reward_model, config.lora, config.seed, every, checkpoint
     )
+    if not is_main():  # under accelerate launch the main process evaluates, alone
+        return
     verified = verified_corpus(folder, tasks, (config.label.band_low, config.label.band_high))
     log.info("verified rollouts: %s (rank them with rank.items=attempts rank.labels=...)", verified)
 

@@ -14,13 +14,12 @@ Multi-GPU: ``accelerate launch -m propel_core.cli train CONFIG`` with the same c
 
 from __future__ import annotations
 
-import os
-
 from pydantic import ValidationError
 
 from propel_core.config import LabelConfig
 from propel_core.errors import PropelError
 from propel_core.execution import solver_labels
+from propel_core.ranks import is_main
 from propel_core.run import Run
 from propel_core.training.audit import Audit
 from propel_core.training.checkpoints import goes_on
@@ -40,8 +39,8 @@ def train(run: Run) -> None:
     solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
     audit = None
     # K real attempts at a sample of the step's tasks, labeled as label does; under `accelerate launch`
-    # the main process audits its own share of each step's generations (the others write nothing)
-    if config.train.audit.every and int(os.environ.get("RANK", "0")) == 0:
+    # the main process audits each whole step (the reward gathers every process's generations)
+    if config.train.audit.every and is_main():
         audit = audit_of(run, folder, config.seed, lambda metrics, step: run.track("train", metrics, step))
     every = config.checkpoint.every
     train_generator(

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from propel_core.ranks import is_main, together
 from propel_core.records import keep_entries
 from propel_core.run import log
 from propel_core.training.generator_reward import COMPLETIONS
@@ -37,45 +38,72 @@ def prepare_folder(folder: Path, resume: bool) -> Path | None:
     """The checkpoint a training run goes on from (``resume`` and the folder has one); starting over,
     the old checkpoints, adapter and logs are removed first, so no later resume picks up a checkpoint of
     another run and nothing reads an old adapter as the new training's while it runs (or after it
-    failed)."""
+    failed). Under a launch the main process removes them while the others wait."""
     folder.mkdir(parents=True, exist_ok=True)
     checkpoint = last_checkpoint(folder) if resume else None
-    if checkpoint is None:
+    if checkpoint is None and is_main():
         for old in [*folder.glob("checkpoint-*"), folder / "adapter", folder / "audit", folder / "best_audited"]:
             shutil.rmtree(old, ignore_errors=True)
         for log_path in ("log.jsonl", "reward_log.jsonl", COMPLETIONS, "rollouts.jsonl", "audit.jsonl"):
             (folder / log_path).unlink(missing_ok=True)
+    together()
     return checkpoint
 
 
 def keep_steps_before(log_path: Path, step: int) -> None:
     """Drop a per-step log's entries (the reward log, the completions) of steps a resumed run will redo
-    (``step`` and later)."""
-    keep_entries(log_path, lambda entry: entry["step"] < step)
+    (``step`` and later): the main process of a launch does, while the others wait."""
+    if is_main():
+        keep_entries(log_path, lambda entry: entry["step"] < step)
+    together()
 
 
 def train_and_save(trainer, folder: Path, base: str, checkpoint: Path | None = None, finished: bool = False) -> None:
     """Run a TRL trainer (from ``checkpoint`` when given), save its LoRA adapter to ``folder/adapter``
     and its metrics to ``log.jsonl``. A checkpoint at the last step, or one ``finished`` says ends the
     training (an audit's stop rule), is the result itself: nothing trains again, its adapter and log
-    are kept."""
+    are kept. The adapter is saved in float32 whatever the training computed in (DeepSpeed saves
+    bfloat16 under TRL's default bf16). Under a launch every process trains and saves (DeepSpeed
+    gathers the weights), the main one alone writes."""
     if checkpoint is not None and (finished or step_of(checkpoint) >= trainer.args.max_steps):
         log.info("%s is at the last step (%d): nothing to train", checkpoint, trainer.args.max_steps)
+        if not is_main():
+            return
         shutil.rmtree(folder / "adapter", ignore_errors=True)
         (folder / "adapter").mkdir()
         for name in ("adapter_config.json", "adapter_model.safetensors"):
             shutil.copy(checkpoint / name, folder / "adapter" / name)
+        in_float32(folder / "adapter" / "adapter_model.safetensors")
         history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
     else:
         if checkpoint is not None:
             log.info("resuming from %s (checkpoint.resume: false starts over)", checkpoint)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         trainer.save_model(str(folder / "adapter"))
+        together()
+        if not is_main():
+            return
+        in_float32(folder / "adapter" / "adapter_model.safetensors")
         tidy_card(folder / "README.md", base)
         history = trainer.state.log_history
     with (folder / "log.jsonl").open("w") as handle:
         for entry in history:
             handle.write(json.dumps(entry) + "\n")
+
+
+def in_float32(weights: Path) -> None:
+    """Rewrite a safetensors file whose floating tensors are not all float32 with them in float32 (and
+    its metadata), so an adapter has one dtype however it was trained."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    if all(tensor.dtype == torch.float32 for tensor in tensors.values() if tensor.is_floating_point()):
+        return
+    with safe_open(weights, "pt") as handle:
+        metadata = handle.metadata()
+    save_file({name: t.float() if t.is_floating_point() else t for name, t in tensors.items()}, weights, metadata)
 
 
 def tidy_card(card: Path, base: str) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from propel_core.backend import before_stop
 from propel_core.backend import prefill as prompt_prefill
 from propel_core.contracts import ContextSampler
+from propel_core.ranks import gathered, is_main, process_index
 from propel_core.records import Context, JsonlWriter
 from propel_core.run import log
 from propel_core.training.replay import ReplayBuffer
@@ -18,9 +19,6 @@ from propel_core.training.replay import ReplayBuffer
 #: length limit, or of its groups gave all their completions one reward; so many steps in a row, and
 #: the training says so
 STALL_SHARE, STALL_STEPS = 0.5, 3
-
-if TYPE_CHECKING:
-    pass
 
 
 def completion_text(completion) -> str:
@@ -136,9 +134,10 @@ def reward_never_moved(entries: list[dict]) -> str | None:
 
 class FeedsBack:
     """What every reward function of a GRPO run gives back once it has scored a batch, whatever it
-    scores with: the rewards to the context sampler (``sampler``, by ``contexts``), the fresh
-    generations to the replay buffer (``replay``), and what both did to the step's log entry
-    (``log_path``). ``calls`` numbers the calls where TRL gives no trainer state."""
+    scores with: the fresh generations to the replay buffer (``replay``), the whole step's rewards
+    (every process's of a launch) to the context sampler (``sampler``, by ``contexts``), and what both
+    did to the step's log entry (``log_path``). ``calls`` numbers the calls where TRL gives no trainer
+    state."""
 
     sampler: ContextSampler | None
     contexts: dict[str, Context]
@@ -153,30 +152,43 @@ class FeedsBack:
         self.calls += 1
         return trainer_state.global_step if trainer_state is not None else self.calls - 1
 
-    def feed_back(self, step: int, prompts, completions, completion_ids, context_id, rewards: list[float]) -> int:
-        """Give the batch's rewards to the sampler and its fresh generations to the replay buffer; the
-        number of replays in the batch."""
-        if self.sampler is not None and context_id:
-            self.sampler.update([self.contexts[c] for c in context_id], rewards)
+    def offer_replays(self, step: int, prompts, completions, completion_ids, rewards: list[float]) -> int:
+        """Give this process's fresh generations to its replay buffer; the number of replays in its batch."""
         if self.replay is None or completion_ids is None:
             return 0
         return self.replay.offer(step, prompts, completions, completion_ids, rewards)
 
-    def write_log(self, entry: dict[str, Any], replayed: int, rewards: list[float], cut: list[bool]) -> None:
-        """Add the batch's stall signs (``cut``: which completions the length limit cut off; and the
-        alarm, said in one line, when one has lasted), the replay buffer's and the sampler's numbers to
-        ``entry`` and append it to the log. ``flat`` keeps which completions were in a group of one
-        reward, for ``zero_variance: drop``."""
-        self.flat = tuple(self.stall.flat_rows(rewards))
-        entry |= self.stall.signs(rewards, cut)
+    def whole_step(self, rewards: list[float], replayed: int, **columns: list) -> tuple[dict[str, list], slice]:
+        """This call's ``rewards`` and ``columns`` (a value a completion) joined with every other process's
+        of a launch, in rank order (the order TRL gathers the batch in, so its groups are whole), with
+        each process's ``replayed`` and replay admissions; and the slice of them that is this process's."""
+        admitted = self.replay.admitted if self.replay is not None else 0
+        parts = gathered({"rewards": rewards, "replayed": [replayed], "admitted": [admitted], **columns})
+        before = sum(len(part["rewards"]) for part in parts[: process_index()])
+        whole = {name: [value for part in parts for value in part[name]] for name in parts[0]}
+        return whole, slice(before, before + len(rewards))
+
+    def write_log(self, entry: dict[str, Any], whole: dict[str, list], own: slice) -> None:
+        """Feed the step's rewards back to the sampler by their ``contexts``, add the step's stall signs
+        (``cut``: which completions the length limit cut off; and the alarm, said in one line, when one
+        has lasted), the replay buffer's and the sampler's numbers to ``entry`` and append it to the
+        log. ``whole`` is the step of every process (``whole_step``), so each process's sampler and
+        alarms see the same, and the main process writes the one entry. ``flat`` keeps which of this
+        process's completions (``own``) were in a group of one reward, for ``zero_variance: drop``."""
+        rewards = whole["rewards"]
+        if self.sampler is not None and whole.get("contexts"):
+            self.sampler.update([self.contexts[c] for c in whole["contexts"]], rewards)
+        self.flat = tuple(self.stall.flat_rows(rewards)[own])
+        entry |= self.stall.signs(rewards, whole["cut"])
         alarm = self.stall.alarm(entry["step"], entry)
         if alarm is not None:
-            log.warning("%s", alarm)
+            if is_main():
+                log.warning("%s", alarm)
             entry["alarm"] = alarm
         if self.replay is not None:
-            entry |= {"replayed": replayed, "replay_admitted": self.replay.admitted}
+            entry |= {"replayed": sum(whole["replayed"]), "replay_admitted": sum(whole["admitted"])}
         if self.sampler is not None and hasattr(self.sampler, "diagnostics"):
             entry["sampler"] = self.sampler.diagnostics()
-        if self.log_path is not None:
+        if self.log_path is not None and is_main():
             with JsonlWriter(self.log_path, fsync=False) as out:
                 out.write(entry)

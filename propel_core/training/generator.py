@@ -14,6 +14,7 @@ from propel_core.config import LoraConfig, ModelConfig, RewardConfig, TrainConfi
 from propel_core.domain import generation_stop
 from propel_core.embedded import model_source
 from propel_core.errors import PropelError
+from propel_core.ranks import gathered, is_main, process_count, sharded, stopping_together
 from propel_core.records import Context, Label, Task
 from propel_core.run import Run, log
 from propel_core.training.audit import Audit, audited
@@ -110,11 +111,13 @@ def train_generator(
         )
     if train_config.use_vllm:
         vllm_weight_sync(trainer)
-    generation_batch = train_config.per_device_batch * train_config.gradient_accumulation
+    generation_batch = train_config.per_device_batch * train_config.gradient_accumulation * process_count()
     prompts = generation_batch // train_config.group_size
     log.info("GRPO: %d steps, %d prompts x %d generations each", train_config.steps, prompts, train_config.group_size)
     base = model_source(generator.model, generator.revision)
     if not _audited_training(run, trainer, folder, base, checkpoint, audit):
+        return
+    if not is_main():  # the main process wrote the reward log and says how training went
         return
     rewards = logged_steps(folder / "reward_log.jsonl")
     still = reward_never_moved(rewards)
@@ -128,11 +131,17 @@ def _audited_training(run: Run, trainer, folder: Path, base: str, checkpoint: Pa
     """``train_and_save``, with the audit's callback when there is one: its last audits are waited for
     (dropped if training failed), and a stop rule they met is said in one line. False when the audits
     before the checkpoint had already stopped this training (nothing trains)."""
+    stopped = any(gathered(audit is not None and bool(audit.stop_reason)))  # the main process's audit
     if audit is None:
+        if stopped:  # another process of the launch: the main one ends the training
+            train_and_save(trainer, folder, base, checkpoint, finished=True)
+            return False
+        trainer.add_callback(stopping_together())
         train_and_save(trainer, folder, base, checkpoint)
         return True
     trainer.add_callback(audited(audit))
-    if audit.stop_reason:  # met by the audits before the checkpoint: this training is over
+    trainer.add_callback(stopping_together())
+    if stopped:  # met by the audits before the checkpoint: this training is over
         audit.close()
         run.say(f"training stopped before this run: {audit.stop_reason}; checkpoint.resume=false starts over")
         if not (folder / "adapter").exists():
@@ -152,9 +161,16 @@ def _audited_training(run: Run, trainer, folder: Path, base: str, checkpoint: Pa
 
 def _check(domain, train_config: TrainConfig) -> None:
     """Refuse, before any model loads, a domain with no generator model to train, a generation batch
-    that is not whole groups, vLLM's server mode without CUDA, and vLLM or replay on a multi-turn
-    domain."""
+    that is not whole groups, vLLM's server mode without CUDA, vLLM or replay on a multi-turn
+    domain, and under FSDP a multi-turn domain or an audit."""
     import torch
+
+    if sharded() and (domain.multi_turn or train_config.audit.every):
+        raise PropelError(
+            "under FSDP every process must run the same forward passes on the sharded policy: a multi-turn "
+            "domain's episodes (turns differ by process) and train.audit (its adapter copy, made by the main "
+            "process) cannot; use DDP or DeepSpeed (docs/accelerate/), or set train.audit.every: 0"
+        )
 
     if not domain.uses_generator_model:
         raise PropelError(

@@ -21,6 +21,7 @@ from propel_core.domain import Domain, make_task
 from propel_core.errors import PropelError
 from propel_core.probes.bundles import ProbeScorer, load_probe, read_bundle
 from propel_core.provenance import folder_digest
+from propel_core.ranks import is_main, process_index
 from propel_core.records import Context, JsonlWriter, Label, Task
 from propel_core.training.feedback import FeedsBack, Stall, generations
 from propel_core.training.replay import ReplayBuffer
@@ -111,24 +112,38 @@ class RewardScorer(FeedsBack):
         step = self.step(trainer_state)
         texts = generation or generations(prompts, completions, prefill, self.stall.stop)
         overflowed = self.stall.cut_off(completion_ids, completions) or [False] * len(texts)
-        tasks = [self.task(i, step, text, context_id, overflowed[i]) for i, text in enumerate(texts)]
+        first = process_index() * len(texts)  # TRL gives every process a batch of one size
+        tasks = [
+            self.task(first + i, step, text, context_id[i] if context_id else None, overflowed[i])
+            for i, text in enumerate(texts)
+        ]
         scores = self.scores(tasks)
-        if self.audit is not None:
-            self.audit.offer(step, tasks, [score.get("probability") for score in scores])
         rewards = [
             self.overflow_reward if overflowed[i] else self.rule(task, scores[i]) for i, task in enumerate(tasks)
         ]
-        replayed = self.feed_back(step, prompts, completions, completion_ids, context_id, rewards)
-        self.log(step, tasks, rewards, scores, replayed, overflowed if completion_ids else [])
-        if self.log_path is not None:
+        replayed = self.offer_replays(step, prompts, completions, completion_ids, rewards)
+        whole, own = self.whole_step(
+            rewards,
+            replayed,
+            tasks=tasks,
+            scores=scores,
+            overflowed=overflowed,
+            cut=overflowed if completion_ids else [],  # the alarm's: unknown without token ids
+            contexts=list(context_id or []),
+            attempts=[self.solver_attempts],
+        )
+        if self.audit is not None:  # the main process's: it audits the whole step
+            self.audit.offer(step, whole["tasks"], [score.get("probability") for score in whole["scores"]])
+        self.log(step, whole, own)
+        if self.log_path is not None and is_main():
             with JsonlWriter(self.log_path.with_name(COMPLETIONS), fsync=False) as out:
-                out.write(self.sample(step, tasks, rewards, scores, overflowed))
+                out.write(self.sample(step, whole["tasks"], whole["rewards"], whole["scores"], whole["overflowed"]))
         return rewards
 
-    def task(self, i: int, step: int, generation: str, context_ids, cut_off: bool) -> Task:
-        """The task that generation ``i`` of this step is (invalid where the length limit ``cut_off`` it,
-        as in generate)."""
-        context = self.contexts.get(context_ids[i]) if context_ids else None
+    def task(self, i: int, step: int, generation: str, context_id: str | None, cut_off: bool) -> Task:
+        """The task that generation ``i`` of this step (counted over every process of a launch) is, from
+        ``context_id`` (invalid where the length limit ``cut_off`` it, as in generate)."""
+        context = self.contexts.get(context_id) if context_id else None
         context = context or Context(id="unknown", data={})
         return make_task(f"rl-{step}-{i}", self.domain, context, generation, "policy", self.predicates, cut_off)
 
@@ -177,13 +192,13 @@ class RewardScorer(FeedsBack):
             if len(per_probe) > 1:
                 out[i]["auxiliary_logit"] = per_probe[1][position]["logit"]
 
-    def log(
-        self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], replayed=0, cut: list[bool] = ()
-    ) -> None:
-        """Reward mean/std, validity rate, probe score spread, and the solver runs the call spent when
-        the rule reads live solver utility (and what ``write_log`` adds: degenerate groups, where all
-        rewards are equal, completions cut off at the length limit, the alarm)."""
-        probabilities = [s["probability"] for s in scores if "probability" in s]
+    def log(self, step: int, whole: dict[str, list], own: slice) -> None:
+        """The step's reward mean/std, validity rate, probe score spread, and the solver runs it spent
+        when the rule reads live solver utility, over ``whole`` (every process's completions; see
+        ``whole_step``), and what ``write_log`` adds: degenerate groups, where all rewards are equal,
+        completions cut off at the length limit, the alarm."""
+        rewards, tasks = whole["rewards"], whole["tasks"]
+        probabilities = [s["probability"] for s in whole["scores"] if "probability" in s]
         entry = {
             "step": step,
             "reward_mean": statistics.fmean(rewards),
@@ -193,14 +208,14 @@ class RewardScorer(FeedsBack):
             "probe_probability_std": statistics.pstdev(probabilities) if probabilities else None,
         }
         if "solver_utility" in self.needs:
-            entry["solver_attempts"] = self.solver_attempts
+            entry["solver_attempts"] = sum(whole["attempts"])
         entry |= {
             "rule": self.rule_name,
             "rule_options": self.rule_options,
             "r_bad": self.r_bad,
             "overflow_reward": self.overflow_reward,
         }
-        self.write_log(entry, replayed, rewards, list(cut))
+        self.write_log(entry, whole, own)
 
     def sample(self, step: int, tasks: list[Task], rewards: list[float], scores: list[dict], overflowed: list[bool]):
         """``SAMPLED`` of the call's completions, spread over the batch, with their rewards (and whether

@@ -15,6 +15,7 @@ from propel_core.config import LoraConfig, ModelConfig, SelfTrainConfig, SolveTr
 from propel_core.domain import Domain
 from propel_core.embedded import model_source
 from propel_core.execution import graded_texts
+from propel_core.ranks import is_main
 from propel_core.records import Context, SolverAttempt, Task
 from propel_core.training.checkpoints import keep_steps_before, step_of, train_and_save
 from propel_core.training.feedback import logged_steps, reward_never_moved
@@ -111,7 +112,7 @@ def train_solver(
         peft_config=lora_config(lora),
     )
     train_and_save(trainer, folder, model_source(solver.model, solver.revision), checkpoint)
-    if (still := reward_never_moved(logged_steps(reward.log_path))) is not None:
+    if is_main() and (still := reward_never_moved(logged_steps(reward.log_path))) is not None:
         run.say(f"solve_train {options.name}: {still}")
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from propel_core.contracts import ContextSampler, RewardRule
 from propel_core.domain import Domain
 from propel_core.errors import PropelError
+from propel_core.ranks import is_main
 from propel_core.records import Context, JsonlWriter, Label, SolverAttempt, Task, Validity, encode
 from propel_core.training.feedback import FeedsBack, Stall, generations, logged_steps
 from propel_core.training.replay import ReplayBuffer
@@ -94,7 +95,6 @@ class SolverRewards(FeedsBack):
         tasks = [self.tasks[int(i)] for i in context_id]
         if self.source(step) == "verifier":
             graded = self.grade(list(zip(tasks, texts, strict=True)))
-            self.verifier_calls += len(graded)
             rewards = self.verified(graded)
             sources = ["verifier"] * len(texts)
             details = [attempt.diagnostics | {"solved": attempt.solved, "reason": attempt.reason} for attempt in graded]
@@ -104,12 +104,27 @@ class SolverRewards(FeedsBack):
             scored = iter(self.model_scores([(t, x) for t, x, ok in zip(tasks, texts, looks, strict=True) if ok]))
             rewards = [next(scored) if ok else self.unrun() for ok in looks]
             sources = ["reward_model" if ok else "not run" for ok in looks]
-            self.verifier_calls_saved += len(texts)
             details = [{} for _ in texts]
-        replayed = self.feed_back(step, prompts, completions, completion_ids, context_id, rewards)
-        self.write(step, tasks, texts, rewards, sources, details)
-        cut = self.stall.cut_off(completion_ids, completions)
-        self.log(step, rewards, sources, graded, replayed, time.monotonic() - started, cut)
+        replayed = self.offer_replays(step, prompts, completions, completion_ids, rewards)
+        whole, own = self.whole_step(
+            rewards,
+            replayed,
+            task_ids=[task.id for task in tasks],
+            texts=texts,
+            sources=sources,
+            details=details,
+            graded=graded or [],
+            cut=self.stall.cut_off(completion_ids, completions),
+            contexts=list(context_id),
+            seconds=[time.monotonic() - started],
+        )
+        if graded is None:
+            self.verifier_calls_saved += len(whole["texts"])
+        else:
+            self.verifier_calls += len(whole["graded"])
+        if is_main():
+            self.write(step, whole)
+        self.log(step, whole, own, graded is not None)
         return rewards
 
     def verified(self, graded: list[SolverAttempt]) -> list[float]:
@@ -141,16 +156,20 @@ class SolverRewards(FeedsBack):
         scores = self.reward_model.score([f"{task.text}\n\n{text}" for task, text in rollouts])
         return [score["calibrated"] for score in scores]
 
-    def write(self, step, tasks, texts, rewards, sources, details) -> None:
+    def write(self, step: int, whole: dict[str, list]) -> None:
+        """The step's rollouts (every process's: ``whole``), a line each, to ``rollouts.jsonl``."""
+        rows = zip(whole["task_ids"], whole["texts"], whole["rewards"], whole["sources"], whole["details"], strict=True)
         with JsonlWriter(self.rollouts, fsync=False) as out:
-            for task, text, reward, source, found in zip(tasks, texts, rewards, sources, details, strict=True):
-                row = {"step": step, "task_id": task.id, "source": source, "reward": reward, "text": text}
+            for task_id, text, reward, source, found in rows:
+                row = {"step": step, "task_id": task_id, "source": source, "reward": reward, "text": text}
                 out.write(row | {key: found.get(key) for key in ROLLOUT_FIELDS})
 
-    def log(self, step, rewards, sources, graded, replayed: int, seconds: float, cut: list[bool]) -> None:
-        """This step's numbers: reward mean and spread, where rewards came from, and on verifier steps
-        the valid-submission rate, the mean verifier score of valid rollouts, seconds per rollout (and
-        what ``write_log`` adds: groups of one reward, completions cut off, the alarm)."""
+    def log(self, step: int, whole: dict[str, list], own: slice, verified: bool) -> None:
+        """The step's numbers over ``whole`` (every process's rollouts): reward mean and spread, where
+        rewards came from, seconds per rollout (the slowest process's time over all rollouts), and on
+        ``verified`` steps the valid-submission rate, the mean verifier score of valid rollouts, the
+        solved rate (and what ``write_log`` adds: groups of one reward, completions cut off, the alarm)."""
+        rewards, sources, graded = whole["rewards"], whole["sources"], whole["graded"]
         entry: dict[str, Any] = {
             "step": step,
             "source": self.source(step),
@@ -159,9 +178,9 @@ class SolverRewards(FeedsBack):
             "sources": {name: sources.count(name) for name in sorted(set(sources))},
             "verifier_calls": self.verifier_calls,
             "verifier_calls_saved": self.verifier_calls_saved,
-            "seconds_per_rollout": seconds / len(rewards),
+            "seconds_per_rollout": max(whole["seconds"]) / len(rewards),
         }
-        if graded is not None:
+        if verified:
             gradable = [a for a in graded if a.solved is not None]
             scores = [
                 a.diagnostics["verifier_score"] for a in gradable if a.diagnostics.get("verifier_score") is not None
@@ -172,7 +191,7 @@ class SolverRewards(FeedsBack):
                 "solved_rate": sum(bool(a.solved) for a in gradable) / len(gradable) if gradable else None,
                 "ungradable": len(graded) - len(gradable),
             }
-        self.write_log(entry, replayed, rewards, cut)
+        self.write_log(entry, whole, own)
         if self.track is not None:
             self.track({k: v for k, v in entry.items() if isinstance(v, int | float) and k != "step"}, step)
 
