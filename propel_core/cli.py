@@ -208,7 +208,62 @@ def print_config(arguments: tuple[str, ...]) -> None:
     from propel_core.plugins import Registry
 
     configs, overrides = split_arguments(arguments)
-    click.echo(dump_config(load_config(configs, overrides, Registry.build(PLUGIN_MANAGER))), nl=False)
+    registry = Registry.build(PLUGIN_MANAGER)
+    click.echo(dump_config(load_config(configs, overrides, registry), registry), nl=False)
+
+
+@cli.command("check", context_settings={"ignore_unknown_options": True})
+@click.argument("arguments", nargs=-1, metavar="CONFIG... [KEY=VALUE]...")
+@click.option(
+    "--samples",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help='A JSONL file of samples: {"generation": ..., "attempts": [...], "valid": bool, "solved": [...]}.',
+)
+def check_command(arguments: tuple[str, ...], samples: str) -> None:
+    """Run the config's domain on a few samples and say every problem, one line each.
+
+    Each sample's generation is parsed, checked by the domain's validity predicates, rendered, and its
+    attempts graded, against the "valid" and "solved" the sample expects; then every attempt is graded
+    again from 8 threads at once, as the executor does. Loads no model and writes nothing; exits 1 when
+    it found a problem."""
+    from propel_core.checks import check_domain, read_samples
+    from propel_core.config import load_config
+    from propel_core.plugins import Registry
+
+    registry = Registry.build(PLUGIN_MANAGER)
+    config = load_config(*split_arguments(arguments), registry)
+    domain = registry.domain(config.domain.name, **config.domain.options)
+    shown, problems = check_domain(domain, registry.validity_predicates(domain), read_samples(Path(samples)))
+    for line in shown:
+        click.echo(line)
+    for line in problems:
+        click.echo(f"problem: {line}")
+    click.echo(f"{config.domain.name}: {len(problems)} problem(s) in {len(shown)} sample(s)")
+    if problems:
+        click.get_current_context().exit(1)
+
+
+@cli.command("new-plugin")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--name", required=True, help="The plugin's name: the package is propel-NAME, its module propel_NAME.")
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    default=("domain",),
+    show_default=True,
+    help="What it starts with: domain, reward_rule or probe_head (repeat for several).",
+)
+def new_plugin_command(folder: str, name: str, kinds: tuple[str, ...]) -> None:
+    """Write a plugin package to start from into FOLDER, with tests that pass once it is installed.
+
+    Then: pip install -e 'FOLDER[test]' and pytest FOLDER/tests."""
+    from propel_core.scaffold import new_plugin
+
+    for path in new_plugin(Path(folder), name, kinds):
+        click.echo(f"wrote {path}")
+    click.echo(f"next: pip install -e '{folder}[test]' && pytest {folder}/tests")
 
 
 @cli.command("export")

@@ -666,6 +666,60 @@ def check_components(model: BaseModel, registry: Registry, prefix: str = "") -> 
     return problems
 
 
+def resolved(config: PropelConfig, registry: Registry) -> dict[str, Any]:
+    """The config as JSON data with what its components run with spelled out: every options field
+    filled with its components' defaults (``Registry.with_defaults``; a field of options by name also
+    gets an entry for each component its section names, so the rule in use shows its defaults), and
+    beside every field naming components a ``FIELD_plugins`` mapping each to the distribution and
+    version that registered it (``Registry.made_by``). What ``RUN/settings.json`` records."""
+    out = config.model_dump(mode="json")
+    _spell_out(config, out, registry)
+    return out
+
+
+def _spell_out(model: BaseModel, out: dict[str, Any], registry: Registry) -> None:
+    fields = type(model).model_fields
+    for name in fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            _spell_out(value, out[name], registry)
+            continue
+        extra = _extra(fields[name])
+        if "options_of" in extra:
+            named = extra["options_of"]
+            kind, component = _extra(fields[named])["component"], getattr(model, named)
+            if component in registry.names(kind):
+                out[name] = registry.with_defaults(kind, component, out[name])
+        if "options_by_name" in extra:
+            kind = extra["options_by_name"]
+            used = [
+                item
+                for other in fields
+                if _extra(fields[other]).get("component") == kind
+                for item in _named(model, other)
+            ]
+            out[name] = {
+                item: registry.with_defaults(kind, item, out[name].get(item, {}))
+                for item in [*out[name], *[item for item in used if item not in out[name]]]
+                if item in registry.names(kind)
+            }
+        if "component" in extra:
+            kind = extra["component"]
+            out[f"{name}_plugins"] = {
+                item: registry.made_by(kind, item) for item in _named(model, name) if item in registry.names(kind)
+            }
+
+
+def _extra(info: Any) -> dict[str, Any]:
+    return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+
+
+def _named(model: BaseModel, name: str) -> list[str]:
+    """The component names a field holds: a list's items, a name, or none."""
+    value = getattr(model, name)
+    return list(value) if isinstance(value, list) else [] if value is None else [value]
+
+
 #: settings that moved to a section of their own, for the error a config with the old key gets
 MOVED = {
     "train.lora_r": "lora.r",
@@ -705,8 +759,26 @@ def _section_at(loc: tuple[Any, ...]) -> type[BaseModel]:
     return model
 
 
-def dump_config(config: PropelConfig) -> str:
-    """The resolved config as YAML, the form stored in ``RUN/config.yaml``."""
+def dump_config(config: PropelConfig, registry: Registry) -> str:
+    """The resolved config as YAML, as ``propel config`` prints it and ``RUN/config.yaml`` keeps it:
+    every component's options with their defaults (``resolved``), and after it, as comments, the
+    distribution and version that registered each component it names."""
     import yaml
 
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    data, made_by = resolved(config, registry), []
+
+    def take(section: dict[str, Any], prefix: str) -> None:
+        for key in list(section):
+            if key.endswith("_plugins"):
+                field = prefix + key.removesuffix("_plugins")
+                made_by.extend(f"#   {field}: {name}: {source}" for name, source in section.pop(key).items())
+            elif isinstance(section[key], dict) and not key.endswith("options"):
+                take(section[key], f"{prefix}{key}.")
+
+    take(data, "")
+    return (
+        yaml.safe_dump(data, sort_keys=False)
+        + "# the components named above, and what registered them:\n"
+        + "\n".join(made_by)
+        + "\n"
+    )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
+from pydantic_core import to_jsonable_python
 
 from propel_core import hookspecs
 from propel_core.contracts import ContextSampler, Executor, ReadsProbe, RepositorySandbox, RewardRule, Sandbox
@@ -264,6 +265,45 @@ class Registry:
                     found = self.check_options(inner_kind, inner, held_options, (*within, f"{kind}/{name}"))
                 problems += [f"{label} option {held!r}: {problem}" for problem in found]
         return problems
+
+    def with_defaults(self, kind: str, name: str, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` (valid ones, as ``check_options`` passed them), then every option the component's
+        factory takes and was not given, at its default (not the ones propel sets itself), the options
+        of a component it holds (``component_options``) filled the same way: what the component runs
+        with. A kind the config gives no options to, or a factory without a signature, is left as given."""
+        if kind not in CALLS:
+            return dict(options)
+        factory = self.get(kind, name)
+        try:
+            parameters = list(inspect.signature(factory).parameters.values())
+        except (TypeError, ValueError):
+            return dict(options)
+        positional, keywords = CALLS[kind]
+        taken = {p.name for p in parameters[:positional]} | set(keywords)
+        out = dict(options) | {
+            p.name: to_jsonable_python(p.default, fallback=repr)
+            for p in parameters
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.default is not p.empty
+            and p.name not in taken
+            and p.name not in options
+        }
+        for held, (inner_kind, naming) in getattr(factory, "component_options", {}).items():
+            inner, inner_options = out.get(naming), out.get(held) or {}
+            if isinstance(inner, str) and inner in self.names(inner_kind) and isinstance(inner_options, dict):
+                out[held] = self.with_defaults(inner_kind, inner, inner_options)
+        return out
+
+    def made_by(self, kind: str, name: str) -> str:
+        """The distribution and version that registered component ``name`` of ``kind`` (``propel-core
+        0.1.0`` for a built-in), or the plugin's name where no installed distribution has it (one
+        registered by hand, in a test)."""
+        plugin = self.components[kind][name].plugin
+        version = _plugin_versions().get(plugin)
+        if plugin in DEFAULT_PLUGINS:
+            return f"propel-core {version}"
+        found = {ep.name: ep.dist for ep in importlib.metadata.entry_points(group="propel") if ep.dist}.get(plugin)
+        return f"{found.name} {found.version}" if found is not None else f"plugin {plugin} (no distribution)"
 
     def validity_predicates(self, domain: Any) -> dict[str, Callable[..., Any]]:
         """The validity predicates ``domain`` names (``Domain.validity_predicates``), by name, in its order."""

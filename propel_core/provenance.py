@@ -58,6 +58,10 @@ IRRELEVANT = frozenset({"batch_size", "device", "max_concurrency", "max_retries"
 
 FILE = "settings.json"
 
+#: the key of every record that says which of its keys are complete: FORMAT 2 records spell out
+#: every component's options with their defaults and the distribution and version that registered it
+FORMAT_KEY, FORMAT = "settings_format", 2
+
 #: how each output starts over, for the refusal's message
 RESTART = {"train": "checkpoint.resume=false", "solve": "checkpoint.resume=false"}
 
@@ -86,8 +90,8 @@ def settings_of(
     keys, inputs = DEPENDS[output.split("/")[0]]
     prefixes = (*keys, *more_keys)
 
-    def own(key: str) -> bool:
-        return any(key == p or key.startswith(p + ".") for p in prefixes)
+    def own(key: str) -> bool:  # a key naming components brings what registered them (KEY_plugins)
+        return any(key == p or key.startswith((p + ".", p + "_plugins.")) for p in prefixes)
 
     values: dict[str, Any] = {}
     for name in inputs:
@@ -105,10 +109,11 @@ def relevant(key: str) -> bool:
 
 
 def differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``key: old -> new`` for every key whose value differs."""
+    """``key: old -> new`` for every key whose value differs, the least nested first: a changed setting
+    (``reward.rule``) before what follows from it (the new rule's options, spelled out)."""
     return [
         f"{key}: {json.dumps(before.get(key))} -> {json.dumps(now.get(key))}"
-        for key in sorted(set(before) | set(now))
+        for key in sorted(set(before) | set(now), key=lambda key: (key.count("."), key))
         if before.get(key) != now.get(key)
     ]
 
@@ -121,15 +126,22 @@ def claim(
     allow_changed: bool,
     more_keys: tuple[str, ...] = (),
     values: dict[str, Any] | None = None,
+    spelled_out: frozenset[str] = frozenset(),
 ) -> None:
     """Before a command adds to ``output`` (which already holds records when ``exists``): refuse when it
     was made with other values, unless ``allow_changed``; record the values it is made with now. A stage
     names config keys its output depends on in this run only (``more_keys``) and values that are not
-    config (``values``)."""
+    config (``values``). ``config`` is ``config.resolved``'s (components' defaults and versions spelled
+    out); ``spelled_out`` names the keys that adds, which a record from before propel recorded them
+    (no ``FORMAT_KEY``) is not compared on where it lacks them (an option it holds is compared, so
+    one set then and defaulted now still counts); such a record is rewritten whole."""
     path = Path(run_dir) / FILE
     recorded = json.loads(path.read_text()) if path.exists() else {}
-    now = settings_of(output, config, recorded, more_keys) | (values or {})
+    now = settings_of(output, config, recorded, more_keys) | (values or {}) | {FORMAT_KEY: FORMAT}
     before = recorded.get(output)
+    if before is not None and FORMAT_KEY not in before:
+        taken = {key for key in now if key in spelled_out and key not in before} | {FORMAT_KEY}
+        before = before | {key: now[key] for key in taken}
     if exists and before is not None and before != now and not allow_changed:
         changed = differences(before, now)
         shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")

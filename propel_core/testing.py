@@ -1,4 +1,5 @@
-"""A pytest plugin for propel plugin authors, active wherever propel-core is installed.
+"""A pytest plugin for propel plugin authors, active wherever propel-core is installed with pytest
+(``pip install 'propel-core[testing]'``; ``propel check`` runs a domain's checks without it).
 
 Fixtures:
 
@@ -52,8 +53,12 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import pytest
+try:
+    import pytest
+except ImportError:  # a plain install: the fixtures and helpers come with the testing extra
+    raise ImportError("propel_core.testing needs pytest: pip install 'propel-core[testing]'") from None
 
+from propel_core.checks import changed_verdicts
 from propel_core.plugins import Registry, get_plugin_manager
 
 #: Python programs that each try to pin about 1 GiB of host memory in a way an address-space limit
@@ -188,22 +193,12 @@ def assert_same_verdicts_concurrently(
 ) -> None:
     """Grade each ``(payload, attempt)`` with ``domain.grade`` serially, then every one ``rounds``
     times over from ``threads`` threads at once, in an order shuffled by ``seed``; fail with every
-    attempt whose verdict (solved, reason) differed from its serial one."""
-    import random
-    from concurrent.futures import ThreadPoolExecutor
-
-    def verdict(index: int) -> tuple[bool | None, str | None]:
-        found = domain.grade(*attempts[index])
-        return found.solved, found.reason
-
-    serial = [verdict(i) for i in range(len(attempts))]
-    order = [i for _ in range(rounds) for i in range(len(attempts))]
-    random.Random(seed).shuffle(order)
-    with ThreadPoolExecutor(threads) as pool:
-        concurrent = list(pool.map(verdict, order))
-    wrong = [(i, serial[i], got) for i, got in zip(order, concurrent, strict=True) if got != serial[i]]
-    assert not wrong, f"{len(wrong)} of {len(order)} verdicts changed when graded in {threads} threads: " + "; ".join(
-        f"attempt {i}: serial {alone}, concurrent {got}" for i, alone, got in wrong[:5]
+    attempt whose verdict (solved, reason) differed from its serial one (``checks.changed_verdicts``,
+    which ``propel check`` runs too)."""
+    wrong = changed_verdicts(domain, attempts, threads, rounds, seed)
+    assert not wrong, (
+        f"{len(wrong)} of {len(attempts) * rounds} verdicts changed when graded in {threads} threads: "
+        + "; ".join(f"attempt {i}: serial {alone}, concurrent {got}" for i, alone, got in wrong[:5])
     )
 
 

@@ -94,6 +94,16 @@ def example_reward_plugin_site(tmp_path_factory) -> Path:
     return site
 
 
+@pytest.fixture(scope="session")
+def example_sandbox_plugin_site(tmp_path_factory) -> Path:
+    """``pip install`` the example domain that runs code in the sandbox (tests/example_sandbox_plugin)
+    into a folder of its own, once per session; the copy it was built from, with the package's own
+    tests/, is beside it (``pip_install``: ``<site>-source``)."""
+    site = tmp_path_factory.mktemp("example-sandbox-site")
+    pip_install(Path(__file__).parent / "example_sandbox_plugin", site)
+    return site
+
+
 @pytest.fixture
 def example_plugin(example_plugin_site, monkeypatch) -> Path:
     """The example plugin visible to this process and to subprocesses, for this test only."""

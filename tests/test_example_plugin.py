@@ -111,3 +111,54 @@ def digests(folder):
         for path in folder.rglob("*")
         if path.is_file()
     }
+
+
+def test_a_run_records_the_plugin_version_and_refuses_another(example_plugin, tmp_path, monkeypatch):
+    """settings.json names the distribution and version that registered each component and its
+    options with their defaults; the same plugin at another version (installed in its place) makes
+    adding to the corpus refuse, naming both versions."""
+    import shutil
+    import sys
+
+    from conftest import EXAMPLE_PLUGIN, pip_install
+
+    from propel_core.errors import PropelError
+    from propel_core.run import Run
+
+    config = {"run_dir": str(tmp_path / "run"), "domain": {"name": "reverse_word", "options": {"min_letters": 4}}}
+    registry = Registry.build(get_plugin_manager())
+    Run(validate_config(config, registry), registry).claim("tasks.jsonl", False)
+    recorded = json.loads((tmp_path / "run" / "settings.json").read_text())["tasks.jsonl"]
+    assert recorded["domain.name_plugins.reverse_word"] == "propel-reverse-word 0.3.0"
+    assert recorded["domain.options.min_letters"] == 4 and recorded["domain.options.max_letters"] == 12  # its default
+    assert recorded["generator.backend_plugins.transformers"].startswith("propel-core ")
+
+    newer = tmp_path / "package"
+    shutil.copytree(EXAMPLE_PLUGIN, newer, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    (newer / "pyproject.toml").write_text(
+        (newer / "pyproject.toml").read_text().replace('version = "0.3.0"', 'version = "0.4.0"')
+    )
+    pip_install(newer, tmp_path / "site")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "site"), *(p for p in sys.path if p != str(example_plugin))])
+    for module in [name for name in sys.modules if name.startswith("propel_reverse_word")]:
+        monkeypatch.delitem(sys.modules, module)
+    upgraded = Registry.build(get_plugin_manager())
+    with pytest.raises(PropelError) as refused:
+        Run(validate_config(config, upgraded), upgraded).claim("tasks.jsonl", True)
+    assert 'domain.name_plugins.reverse_word: "propel-reverse-word 0.3.0" -> "propel-reverse-word 0.4.0"' in str(
+        refused.value
+    )
+
+
+def test_the_tutorials_propel_check_prints_what_it_shows(example_plugin, propel_cli, tmp_path):
+    """docs/writing_plugins.md's `propel check` session, run as written on the installed example."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "writing_plugins.md").read_text()
+    session = doc.split("$ cat samples.jsonl\n", 1)[1].split("```", 1)[0].splitlines()
+    samples = session[: session.index(next(line for line in session if line.startswith("$ ")))]
+    shown = session[session.index("$ propel check reverse_check.yaml --samples samples.jsonl") + 1 :]
+    (tmp_path / "samples.jsonl").write_text("\n".join(samples) + "\n")
+    (tmp_path / "reverse_check.yaml").write_text("domain: {name: reverse_word}\n")
+    result = propel_cli("check", str(tmp_path / "reverse_check.yaml"), "--samples", str(tmp_path / "samples.jsonl"))
+    assert result.stdout.splitlines() == shown

@@ -318,6 +318,7 @@ def test_a_training_on_two_processes_writes_each_step_once_and_resumes_after_kil
     with other training settings, another reward rule or (for a rule that runs the solver) other solver
     settings is refused."""
     import os
+    import shutil
     import signal
     import subprocess
     import time
@@ -370,10 +371,16 @@ def test_a_training_on_two_processes_writes_each_step_once_and_resumes_after_kil
     weights = load_file(tmp_path / "train" / "adapter" / "adapter_model.safetensors")
     assert {str(tensor.dtype) for tensor in weights.values()} == {"torch.float32"}
     assert json.loads((tmp_path / "train" / "log.jsonl").read_text().splitlines()[-1])["train_runtime"] > 0
-    again = subprocess.run(train, capture_output=True, text=True, timeout=900)  # finished: nothing trains again
-    assert again.returncode == 0 and "is at the last step (3): nothing to train" in again.stderr
-    assert not (tmp_path / "train" / "checkpoint-4").exists()
-    assert len((tmp_path / "train" / "reward_log.jsonl").read_text().splitlines()) == 3
+    # a rerun of the finished training trains nothing: the last checkpoint's adapter and log are the result
+    from types import SimpleNamespace
+
+    from propel_core.training.checkpoints import last_checkpoint, train_and_save
+
+    shutil.rmtree(tmp_path / "train" / "adapter")
+    last = last_checkpoint(tmp_path / "train")
+    train_and_save(SimpleNamespace(args=SimpleNamespace(max_steps=3)), tmp_path / "train", "base", last)
+    assert load_file(tmp_path / "train" / "adapter" / "adapter_model.safetensors").keys() == weights.keys()
+    assert last.name == "checkpoint-3" and len((tmp_path / "train" / "log.jsonl").read_text().splitlines()) == 3
 
 
 def test_a_stages_own_settings_replace_what_its_inputs_recorded(tmp_path):
@@ -548,3 +555,44 @@ def test_fsdp_refuses_what_would_run_other_forward_passes_in_each_process(monkey
     with pytest.raises(PropelError, match="under FSDP every process must run the same forward passes"):
         _check(arithmetic, audited)
     _check(arithmetic, TrainConfig())
+
+
+def test_settings_recorded_before_defaults_and_versions_were_still_resume(tmp_path, propel_registry):
+    """A settings.json written before propel spelled out components' defaults and versions (no
+    settings_format) is not refused for lacking them, and is rewritten whole; an option it holds is
+    still compared, so one set then and left to its default now refuses."""
+    from propel_core.config import resolved, validate_config
+    from propel_core.provenance import FORMAT_KEY, flat, settings_of
+    from propel_core.run import Run
+
+    def run(**soft):
+        data = {"run_dir": str(tmp_path), "domain": {"name": "arithmetic"}, "reward": {"rule": "soft"}}
+        if soft:
+            data["reward"]["options"] = {"soft": soft}
+        return Run(validate_config(data, propel_registry), propel_registry)
+
+    old = run(clip_low=0.3)
+    plain = old.config.model_dump(mode="json")
+    soft = ("reward.options.soft",)  # the probe stage's own keys for this rule
+    assert "reward.options.soft.clip_high" not in flat(plain)
+    (tmp_path / "settings.json").write_text(json.dumps({"probes": settings_of("probes", plain, {}, soft)}))
+    old.claim("probes", True, soft)  # the same settings, recorded the old way: taken
+    record = json.loads((tmp_path / "settings.json").read_text())["probes"]
+    assert record[FORMAT_KEY] == 2 and record["reward.options.soft.clip_high"] == 0.95  # the default, spelled out
+    assert record["reward.rule_plugins.soft"] == resolved(old.config, propel_registry)["reward"]["rule_plugins"]["soft"]
+
+    (tmp_path / "settings.json").write_text(json.dumps({"probes": settings_of("probes", plain, {}, soft)}))
+    with pytest.raises(PropelError, match=r"reward.options.soft.clip_low: 0.3 -> 0.1"):
+        run().claim("probes", True, soft)  # clip_low set then, its default (0.1) now
+
+
+def test_propel_config_shows_every_components_defaults_and_what_registered_it(propel_cli, tmp_path):
+    """`propel config` fills in the options of the components a config names (the rule in use too) and
+    says which distribution registered each; what it prints is a config `propel config` reads back."""
+    (tmp_path / "c.yaml").write_text("domain: {name: arithmetic}\nreward: {rule: soft}\n")
+    shown = propel_cli("config", str(tmp_path / "c.yaml")).stdout
+    assert "    soft:\n      clip_low: 0.1\n      clip_high: 0.95\n" in shown
+    assert "#   domain.name: arithmetic: propel-arithmetic " in shown
+    assert "#   reward.rule: soft: propel-core " in shown
+    (tmp_path / "shown.yaml").write_text(shown)
+    assert propel_cli("config", str(tmp_path / "shown.yaml")).stdout == shown

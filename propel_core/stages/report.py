@@ -73,7 +73,7 @@ def report(run: Run) -> None:
         (
             "Configuration",
             "<details><summary>the run's resolved config (click to open)</summary>"
-            f"<pre>{html.escape(dump_config(run.config))}</pre></details>",
+            f"<pre>{html.escape(dump_config(run.config, run.registry))}</pre></details>",
         ),
     ]
     body = "".join(f"<h2>{title}</h2>{content}" for title, content in sections)
