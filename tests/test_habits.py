@@ -330,7 +330,7 @@ def test_a_training_on_two_processes_writes_each_step_once_and_resumes_after_kil
     (tmp_path / "run.yaml").write_text(
         f"run_dir: {tmp_path}\ndomain: {{name: arithmetic}}\nsolver: {{backend: arithmetic_skill}}\n"
         "label: {k: 2}\nreward: {rule: solver_in_the_loop}\ngenerate: {context_sampler: progress}\n"
-        "train: {steps: 3, group_size: 2, per_device_batch: 2, gradient_accumulation: 1,\n"
+        "train: {steps: 2, group_size: 2, per_device_batch: 2, gradient_accumulation: 1,\n"
         "        max_completion_length: 12, gradient_checkpointing: false}\ncheckpoint: {every: 1}\n"
     )
     train = launch("-m", "propel_core.cli", "train", str(tmp_path / "run.yaml"))
@@ -358,11 +358,11 @@ def test_a_training_on_two_processes_writes_each_step_once_and_resumes_after_kil
     resumed = subprocess.run(train, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stderr.count("resuming from") == 1  # logged by the main process
-    assert resumed.stdout.count("trained 3 steps; reward mean first") == 1  # said once, by the main process
+    assert resumed.stdout.count("trained 2 steps; reward mean first") == 1  # said once, by the main process
     entries = [json.loads(line) for line in (tmp_path / "train" / "reward_log.jsonl").read_text().splitlines()]
-    assert [entry["step"] for entry in entries] == [0, 1, 2]  # each step once: the killed run's, then the resumed one's
+    assert [entry["step"] for entry in entries] == [0, 1]  # each step once: the killed run's, then the resumed one's
     samples = [json.loads(line) for line in (tmp_path / "train" / "completions.jsonl").read_text().splitlines()]
-    assert [sample["step"] for sample in samples] == [0, 1, 2]
+    assert [sample["step"] for sample in samples] == [0, 1]
     for entry, sample in zip(entries, samples, strict=True):
         rewards = [completion["reward"] for completion in sample["completions"]]
         assert len(rewards) == 4  # two processes, a group of two each: the whole step
@@ -378,9 +378,9 @@ def test_a_training_on_two_processes_writes_each_step_once_and_resumes_after_kil
 
     shutil.rmtree(tmp_path / "train" / "adapter")
     last = last_checkpoint(tmp_path / "train")
-    train_and_save(SimpleNamespace(args=SimpleNamespace(max_steps=3)), tmp_path / "train", "base", last)
+    train_and_save(SimpleNamespace(args=SimpleNamespace(max_steps=2)), tmp_path / "train", "base", last)
     assert load_file(tmp_path / "train" / "adapter" / "adapter_model.safetensors").keys() == weights.keys()
-    assert last.name == "checkpoint-3" and len((tmp_path / "train" / "log.jsonl").read_text().splitlines()) == 3
+    assert last.name == "checkpoint-2" and len((tmp_path / "train" / "log.jsonl").read_text().splitlines()) == 2
 
 
 def test_a_stages_own_settings_replace_what_its_inputs_recorded(tmp_path):
