@@ -234,12 +234,11 @@ def check_command(arguments: tuple[str, ...], samples: str) -> None:
     registry = Registry.build(PLUGIN_MANAGER)
     config = load_config(*split_arguments(arguments), registry)
     domain = registry.domain(config.domain.name, **config.domain.options)
-    shown, problems = check_domain(domain, registry.validity_predicates(domain), read_samples(Path(samples)))
-    for line in shown:
-        click.echo(line)
+    read = read_samples(Path(samples))
+    problems = check_domain(domain, registry.validity_predicates(domain), read, click.echo)
     for line in problems:
         click.echo(f"problem: {line}")
-    click.echo(f"{config.domain.name}: {len(problems)} problem(s) in {len(shown)} sample(s)")
+    click.echo(f"{config.domain.name}: {len(problems)} problem(s) in {len(read)} sample(s)")
     if problems:
         click.get_current_context().exit(1)
 

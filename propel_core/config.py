@@ -7,6 +7,7 @@ any model loads, naming the key, the bad value and what is allowed; names of plu
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -760,25 +761,27 @@ def _section_at(loc: tuple[Any, ...]) -> type[BaseModel]:
 
 
 def dump_config(config: PropelConfig, registry: Registry) -> str:
-    """The resolved config as YAML, as ``propel config`` prints it and ``RUN/config.yaml`` keeps it:
-    every component's options with their defaults (``resolved``), and after it, as comments, the
-    distribution and version that registered each component it names."""
+    """The resolved config as YAML, as ``propel config`` prints it and ``RUN/config.yaml`` keeps it, then
+    as comments what its components run with beyond it (``resolved``): the options left at their
+    defaults, and the distribution and version that registered each component. The comments are not
+    read back, so the YAML stays a config that takes overrides (another sandbox, another sampler)
+    and a plugin's new defaults."""
     import yaml
 
-    data, made_by = resolved(config, registry), []
+    from propel_core.provenance import flat
 
-    def take(section: dict[str, Any], prefix: str) -> None:
-        for key in list(section):
-            if key.endswith("_plugins"):
-                field = prefix + key.removesuffix("_plugins")
-                made_by.extend(f"#   {field}: {name}: {source}" for name, source in section.pop(key).items())
-            elif isinstance(section[key], dict) and not key.endswith("options"):
-                take(section[key], f"{prefix}{key}.")
-
-    take(data, "")
+    plain = config.model_dump(mode="json")
+    spelled = {key: value for key, value in flat(resolved(config, registry)).items() if key not in flat(plain)}
+    defaults = [f"#   {key}: {json.dumps(value)}" for key, value in spelled.items() if "_plugins." not in key]
+    made_by = [
+        f"#   {key.split('_plugins.')[0]}: {key.split('_plugins.')[1]}: {value}"
+        for key, value in spelled.items()
+        if "_plugins." in key
+    ]
     return (
-        yaml.safe_dump(data, sort_keys=False)
+        yaml.safe_dump(plain, sort_keys=False)
+        + "# options at their defaults:\n"
+        + "".join(line + "\n" for line in defaults)
         + "# the components named above, and what registered them:\n"
-        + "\n".join(made_by)
-        + "\n"
+        + "".join(line + "\n" for line in made_by)
     )

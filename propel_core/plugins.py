@@ -12,7 +12,9 @@ import difflib
 import importlib
 import importlib.metadata
 import inspect
+import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -21,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
-from pydantic_core import to_jsonable_python
 
 from propel_core import hookspecs
 from propel_core.contracts import ContextSampler, Executor, ReadsProbe, RepositorySandbox, RewardRule, Sandbox
@@ -270,7 +271,9 @@ class Registry:
         """``options`` (valid ones, as ``check_options`` passed them), then every option the component's
         factory takes and was not given, at its default (not the ones propel sets itself), the options
         of a component it holds (``component_options``) filled the same way: what the component runs
-        with. A kind the config gives no options to, or a factory without a signature, is left as given."""
+        with. A default that is not plain data (``plain_data``: a function, an object, a set, NaN) is
+        left out, as it has no spelling that is the same in every process. A kind the config gives no
+        options to, or a factory without a signature, is left as given."""
         if kind not in CALLS:
             return dict(options)
         factory = self.get(kind, name)
@@ -281,12 +284,13 @@ class Registry:
         positional, keywords = CALLS[kind]
         taken = {p.name for p in parameters[:positional]} | set(keywords)
         out = dict(options) | {
-            p.name: to_jsonable_python(p.default, fallback=repr)
+            p.name: json.loads(json.dumps(p.default))  # a tuple as the list a record reads back
             for p in parameters
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
             and p.default is not p.empty
             and p.name not in taken
             and p.name not in options
+            and plain_data(p.default)
         }
         for held, (inner_kind, naming) in getattr(factory, "component_options", {}).items():
             inner, inner_options = out.get(naming), out.get(held) or {}
@@ -454,6 +458,22 @@ def _read_as(annotation: Any, value: Any) -> tuple[str | None, Any]:
     except ValidationError as exc:
         return exc.errors()[0]["msg"], value
     return None, read if isinstance(read, bool | int | float | str) else value  # a container stays as written
+
+
+def plain_data(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is JSON's own data, written the same way in every process: None, a bool, an
+    int, a finite float, a str, or a list, tuple or str-keyed dict of those (not too deep)."""
+    if value is None or isinstance(value, bool | int | str):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if depth > 8:
+        return False
+    if isinstance(value, list | tuple):
+        return all(plain_data(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and plain_data(item, depth + 1) for key, item in value.items())
+    return False
 
 
 def _plugin_versions() -> dict[str, str | None]:

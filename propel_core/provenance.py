@@ -58,10 +58,6 @@ IRRELEVANT = frozenset({"batch_size", "device", "max_concurrency", "max_retries"
 
 FILE = "settings.json"
 
-#: the key of every record that says which of its keys are complete: FORMAT 2 records spell out
-#: every component's options with their defaults and the distribution and version that registered it
-FORMAT_KEY, FORMAT = "settings_format", 2
-
 #: how each output starts over, for the refusal's message
 RESTART = {"train": "checkpoint.resume=false", "solve": "checkpoint.resume=false"}
 
@@ -132,16 +128,15 @@ def claim(
     was made with other values, unless ``allow_changed``; record the values it is made with now. A stage
     names config keys its output depends on in this run only (``more_keys``) and values that are not
     config (``values``). ``config`` is ``config.resolved``'s (components' defaults and versions spelled
-    out); ``spelled_out`` names the keys that adds, which a record from before propel recorded them
-    (no ``FORMAT_KEY``) is not compared on where it lacks them (an option it holds is compared, so
-    one set then and defaulted now still counts); such a record is rewritten whole."""
+    out); ``spelled_out`` names the keys that adds. One of those a record lacks is not compared: the
+    record (or an input it took values from) was made before propel spelled them out, or the option
+    is new; one it holds is, so an option set then and defaulted now still counts."""
     path = Path(run_dir) / FILE
     recorded = json.loads(path.read_text()) if path.exists() else {}
-    now = settings_of(output, config, recorded, more_keys) | (values or {}) | {FORMAT_KEY: FORMAT}
+    now = settings_of(output, config, recorded, more_keys) | (values or {})
     before = recorded.get(output)
-    if before is not None and FORMAT_KEY not in before:
-        taken = {key for key in now if key in spelled_out and key not in before} | {FORMAT_KEY}
-        before = before | {key: now[key] for key in taken}
+    if before is not None:
+        before = before | {key: now[key] for key in now if key in spelled_out and key not in before}
     if exists and before is not None and before != now and not allow_changed:
         changed = differences(before, now)
         shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")

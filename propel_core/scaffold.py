@@ -46,7 +46,7 @@ when what a component computes changes: runs record it and refuse to mix two ver
 
 DOMAIN = '''
 
-class {camel}(Domain):
+class {camel}Domain(Domain):
     """The generator writes a whole number; the solver answers it doubled. Replace each method with
     your task's: docs/writing_plugins.md says what each one is for."""
 
@@ -97,7 +97,7 @@ def in_range(task, domain):
 
 @hookimpl
 def register_domains(register):
-    register("{name}", {camel})
+    register("{name}", {camel}Domain)
 
 
 @hookimpl
@@ -205,13 +205,18 @@ SAMPLES = """\
 def new_plugin(folder: Path, name: str, kinds: tuple[str, ...]) -> list[Path]:
     """Write the package ``propel-NAME`` into ``folder`` (new, or empty) with the components ``kinds``
     names; the files written."""
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise PropelError(f"plugin name {name!r}: use lower-case letters, digits and _, starting with a letter")
+    if not re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", name):
+        raise PropelError(
+            f"plugin name {name!r}: use lower-case letters and digits, words joined by single _, starting with a letter"
+        )
+    taken = installed_as(name)
+    if taken:
+        raise PropelError(f"plugin name {name!r}: {taken} is already installed here; pick another name")
     unknown = [kind for kind in kinds if kind not in KINDS]
     if unknown or not kinds:
         raise PropelError(f"--kind {', '.join(unknown) or '(none)'}: choose from {', '.join(KINDS)}")
     folder = Path(folder)
-    if folder.exists() and any(folder.iterdir()):
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise PropelError(f"{folder} is not empty: name a new folder")
     fields = {"name": name, "dashed": name.replace("_", "-"), "camel": name.title().replace("_", "")}
     what = " and ".join(kind.replace("_", " ") for kind in kinds)
@@ -232,12 +237,34 @@ def new_plugin(folder: Path, name: str, kinds: tuple[str, ...]) -> list[Path]:
     if "domain" in kinds:
         files["tests/samples.jsonl"] = SAMPLES
     written = []
-    for relative, text in files.items():
-        path = folder / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        written.append(path)
+    try:
+        for relative, text in files.items():
+            path = folder / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            written.append(path)
+    except OSError as exc:
+        raise PropelError(f"cannot write the package into {folder}: {exc.strerror or exc}") from None
     return written
+
+
+def installed_as(name: str) -> str | None:
+    """What already answers to the names plugin ``name`` would take (the module ``propel_NAME``, the
+    distribution ``propel-NAME``, the entry point ``NAME``), or None: ``core`` would replace
+    propel-core itself, ``plugins`` shadow the built-ins."""
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec(f"propel_{name}") is not None:
+        return f"a module propel_{name}"
+    try:
+        importlib.metadata.distribution(f"propel-{name.replace('_', '-')}")
+        return f"a distribution propel-{name.replace('_', '-')}"
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    if name in {ep.name for ep in importlib.metadata.entry_points(group="propel")}:
+        return f"a plugin named {name}"
+    return None
 
 
 def import_lines(names: list[dict[str, tuple[str, ...]]], plain: list[tuple[str, ...]]) -> str:

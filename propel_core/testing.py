@@ -194,7 +194,9 @@ def assert_same_verdicts_concurrently(
     """Grade each ``(payload, attempt)`` with ``domain.grade`` serially, then every one ``rounds``
     times over from ``threads`` threads at once, in an order shuffled by ``seed``; fail with every
     attempt whose verdict (solved, reason) differed from its serial one (``checks.changed_verdicts``,
-    which ``propel check`` runs too)."""
+    which ``propel check`` runs too); a grader that raises fails here with its error."""
+    for payload, attempt in attempts:
+        domain.grade(payload, attempt)
     wrong = changed_verdicts(domain, attempts, threads, rounds, seed)
     assert not wrong, (
         f"{len(wrong)} of {len(attempts) * rounds} verdicts changed when graded in {threads} threads: "

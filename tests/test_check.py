@@ -79,11 +79,31 @@ class Careless:
 
 def test_check_finds_a_crashing_parser_a_wrong_prompt_repeated_ids_and_a_grader_that_shares_state():
     samples = [{"generation": str(n), "attempts": [str(n), str(n + 1)]} for n in range(6)] + [{"generation": "seven"}]
-    _, problems = check_domain(Careless(), {}, samples)
+    shown: list[str] = []
+    problems = check_domain(Careless(), {}, samples, shown.append)
+    assert len(shown) == 7 and shown[0] == "sample 1: valid, topic 'numbers'; attempt 1: solved; attempt 2: not solved"
     assert "contexts(): context ids repeat; each must be unique" in problems
     assert "sample 1: solver_prompt: returned str, not a non-empty list of messages" in problems
     assert any(p.startswith("sample 7: parse failed: ValueError") for p in problems)
     assert any("grade must share no state between calls" in p for p in problems)
+    assert all("\n" not in p for p in problems)
+
+
+class Exits(Careless):
+    """A domain whose grader ends the process, as an attempt's own code run in-process would, and
+    whose contexts fail: the check says so instead of ending in silence."""
+
+    def contexts(self):
+        raise RuntimeError("no contexts today")
+
+    def grade(self, payload, attempt):
+        raise SystemExit(0)
+
+
+def test_a_part_that_exits_or_raises_is_a_problem_not_the_end_of_the_check():
+    problems = check_domain(Exits(), {}, [{"generation": "3", "attempts": ["3"]}], lambda line: None)
+    assert "contexts(): raised RuntimeError: no contexts today" in problems
+    assert "sample 1 attempt 1: grade raised SystemExit: 0" in problems
 
 
 def test_samples_that_are_not_samples_are_one_line_each(tmp_path):
@@ -94,10 +114,15 @@ def test_samples_that_are_not_samples_are_one_line_each(tmp_path):
         ('{"attempts": []}\n', 'a sample is an object with a "generation" string'),
         ('{"generation": "x", "attempts": ["a"], "solved": [true, false]}\n', '"solved" has one true, false or null'),
         ("\n", "holds no sample"),
+        ('{"generation": "x", "attempts": ["a"], "solved": ["yes"]}\n', '"solved" has one true, false or null'),
+        ('{"generation": "x", "valid": "yes"}\n', '"valid" is true or false'),
     ]:
         (tmp_path / "s.jsonl").write_text(text)
         with pytest.raises(PropelError, match=message):
             read_samples(tmp_path / "s.jsonl")
+    (tmp_path / "s.jsonl").write_bytes(b'{"generation": "\xff"}\n')
+    with pytest.raises(PropelError, match="is not UTF-8 text"):
+        read_samples(tmp_path / "s.jsonl")
 
 
 def test_a_new_plugin_of_every_kind_installs_and_passes_its_own_tests(propel_cli, tmp_path):
@@ -135,3 +160,6 @@ def test_a_new_plugin_of_every_kind_installs_and_passes_its_own_tests(propel_cli
     }
     refused = propel_cli("new-plugin", str(folder), "--name", "tally", check=False)
     assert refused.returncode == 1 and f"{folder} is not empty: name a new folder" in refused.stderr
+    for name, why in [("core", "a module propel_core is already installed here"), ("x_", "words joined by single _")]:
+        refused = propel_cli("new-plugin", str(tmp_path / name), "--name", name, check=False)
+        assert refused.returncode == 1 and why in refused.stderr and not (tmp_path / name).exists()

@@ -558,11 +558,12 @@ def test_fsdp_refuses_what_would_run_other_forward_passes_in_each_process(monkey
 
 
 def test_settings_recorded_before_defaults_and_versions_were_still_resume(tmp_path, propel_registry):
-    """A settings.json written before propel spelled out components' defaults and versions (no
-    settings_format) is not refused for lacking them, and is rewritten whole; an option it holds is
-    still compared, so one set then and left to its default now refuses."""
+    """A settings.json written before propel spelled out components' defaults and versions is not refused
+    for lacking them, also where a record took its values from an input recorded the old way and the
+    input is rewritten later; an option it holds is still compared, so one set then and left to its
+    default now refuses."""
     from propel_core.config import resolved, validate_config
-    from propel_core.provenance import FORMAT_KEY, flat, settings_of
+    from propel_core.provenance import flat, settings_of
     from propel_core.run import Run
 
     def run(**soft):
@@ -575,11 +576,16 @@ def test_settings_recorded_before_defaults_and_versions_were_still_resume(tmp_pa
     plain = old.config.model_dump(mode="json")
     soft = ("reward.options.soft",)  # the probe stage's own keys for this rule
     assert "reward.options.soft.clip_high" not in flat(plain)
-    (tmp_path / "settings.json").write_text(json.dumps({"probes": settings_of("probes", plain, {}, soft)}))
+    recorded = {name: settings_of(name, plain, {}) for name in ("tasks.jsonl", "labels.jsonl")}
+    (tmp_path / "settings.json").write_text(json.dumps(recorded | {"probes": settings_of("probes", plain, {}, soft)}))
     old.claim("probes", True, soft)  # the same settings, recorded the old way: taken
     record = json.loads((tmp_path / "settings.json").read_text())["probes"]
-    assert record[FORMAT_KEY] == 2 and record["reward.options.soft.clip_high"] == 0.95  # the default, spelled out
+    assert record["reward.options.soft.clip_high"] == 0.95  # the default, spelled out now
     assert record["reward.rule_plugins.soft"] == resolved(old.config, propel_registry)["reward"]["rule_plugins"]["soft"]
+    # labels resumed, the corpus grown (rewritten the new way), labels again: nothing changed, nothing refused
+    for output in ("labels.jsonl", "tasks.jsonl", "labels.jsonl"):
+        old.claim(output, True)
+    assert json.loads((tmp_path / "settings.json").read_text())["tasks.jsonl"]["domain.options.max_operand"] == 100
 
     (tmp_path / "settings.json").write_text(json.dumps({"probes": settings_of("probes", plain, {}, soft)}))
     with pytest.raises(PropelError, match=r"reward.options.soft.clip_low: 0.3 -> 0.1"):
@@ -587,12 +593,15 @@ def test_settings_recorded_before_defaults_and_versions_were_still_resume(tmp_pa
 
 
 def test_propel_config_shows_every_components_defaults_and_what_registered_it(propel_cli, tmp_path):
-    """`propel config` fills in the options of the components a config names (the rule in use too) and
-    says which distribution registered each; what it prints is a config `propel config` reads back."""
-    (tmp_path / "c.yaml").write_text("domain: {name: arithmetic}\nreward: {rule: soft}\n")
+    """`propel config` says, as comments after the config, the options of the components it names that
+    are left at their defaults (the rule in use too) and which distribution registered each; what it
+    prints reads back as the same config, and still takes an override that names another component."""
+    (tmp_path / "c.yaml").write_text("domain: {name: azr}\nreward: {rule: soft}\n")
     shown = propel_cli("config", str(tmp_path / "c.yaml")).stdout
-    assert "    soft:\n      clip_low: 0.1\n      clip_high: 0.95\n" in shown
-    assert "#   domain.name: arithmetic: propel-arithmetic " in shown
-    assert "#   reward.rule: soft: propel-core " in shown
+    assert "#   reward.options.soft.clip_low: 0.1\n#   reward.options.soft.clip_high: 0.95\n" in shown
+    assert "#   domain.options.sandbox_options.memory_mb: 512\n" in shown
+    assert "#   domain.name: azr: propel-azr " in shown and "#   reward.rule: soft: propel-core " in shown
     (tmp_path / "shown.yaml").write_text(shown)
     assert propel_cli("config", str(tmp_path / "shown.yaml")).stdout == shown
+    other = propel_cli("config", str(tmp_path / "shown.yaml"), "generate.context_sampler=progress").stdout
+    assert "generate.context_sampler: progress: propel-core " in other
