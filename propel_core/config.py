@@ -168,6 +168,12 @@ class LabelConfig(Section):
             )
         return self
 
+    def at_k(self, k: int) -> LabelConfig:
+        """These settings with ``k`` attempts, validated (a copy would skip the checks): the labels the
+        evaluation (``evaluate.k``) and the audit (``train.audit.k``) make. ``PropelConfig`` checks
+        when the config is read that every such K suits ``min_valid_attempts``."""
+        return LabelConfig.model_validate({**self.model_dump(), "k": k})
+
     def reachable_in_band(self) -> bool:
         """Whether some solve rate j/n (n gradable attempts, ``min_valid_attempts`` <= n <= k) is in band."""
         rates = (j / n for n in range(self.min_valid_attempts, self.k + 1) for j in range(n + 1))
@@ -521,6 +527,19 @@ class PropelConfig(Section):
         return [value] if isinstance(value, str) else value
 
     @model_validator(mode="after")
+    def _derived_labels_suit_the_label_settings(self) -> PropelConfig:
+        """evaluate.k and train.audit.k label with the label settings: fewer attempts than
+        ``label.min_valid_attempts`` would leave every label they make unknown, after the solver's cost."""
+        needs = self.label.min_valid_attempts
+        for setting, k in (("evaluate.k", self.evaluate.k), ("train.audit.k", self.train.audit.k)):
+            if k is not None and k < needs:
+                raise ValueError(
+                    f"{setting} ({k}) is below label.min_valid_attempts ({needs}), so every label it makes would "
+                    f"leave utility unknown; raise {setting} or lower label.min_valid_attempts"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _reference_defaults_to_generator(self) -> PropelConfig:
         if self.reference.model is None:
             self.reference.model = self.generator.model
@@ -744,6 +763,8 @@ def format_errors(exc: ValidationError) -> str:
             lines.append(f"{key}: unknown key; valid keys here: {', '.join(fields)}")
         elif err["type"] == "missing":
             lines.append(f"{key}: required key is missing")
+        elif err["type"] == "value_error" and isinstance(err.get("input"), dict):  # a section's own check
+            lines.append(f"{'config' if not loc else key}: {err['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"{key} = {err.get('input')!r}: {err['msg']}")
     return "invalid config:\n" + "\n".join(f"  - {line}" for line in lines)

@@ -306,14 +306,16 @@ def test_a_stop_met_before_the_checkpoint_still_holds(small, tmp_path):
 
 
 def test_an_audit_counts_the_k_the_probe_learned_unless_told(small):
+    from propel_core.config import validate_config
     from propel_core.errors import PropelError
     from propel_core.stages.train import audit_label
 
     run, _, _ = small
-    assert audit_label(run.config.label, None).k == run.config.label.k
-    low = run.config.label.model_copy(update={"min_valid_attempts": 6})
-    with pytest.raises(PropelError, match=r"train\.audit\.k=4 does not suit the label settings"):
-        audit_label(low, 4)
+    assert audit_label(run.config.label, None).k == run.config.label.k and audit_label(run.config.label, 3).k == 3
+    for section, k in (("train", {"audit": {"k": 4}}), ("evaluate", {"k": 4})):  # when the config is read
+        setting = f"{section}.{'audit.' if section == 'train' else ''}k"
+        with pytest.raises(PropelError, match=rf"{setting} \(4\) is below label.min_valid_attempts \(6\)"):
+            validate_config({"domain": {"name": "arithmetic"}, "label": {"min_valid_attempts": 6}, section: k})
 
 
 def _step(task_id: str) -> int:

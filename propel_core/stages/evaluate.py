@@ -59,7 +59,7 @@ def evaluate(run: Run) -> None:
         digest = {"adapter": folder_digest(adapter) if adapter else None}  # a retrained adapter is another arm
         run.claim(f"eval/{arm}", holds_records(*(folder / arm).glob("*.jsonl")), values=digest)
     seed = evaluation_seed(config.seed)
-    label = config.label.model_copy(update={"k": config.evaluate.k})
+    label = config.label.at_k(config.evaluate.k)
     contexts = run.context_sampler(seed).sample(config.evaluate.num_tasks)
     results, utilities, every_label = {}, {}, []
     for arm, adapter in arms.items():

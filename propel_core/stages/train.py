@@ -14,10 +14,7 @@ Multi-GPU: ``accelerate launch -m propel_core.cli train CONFIG`` with the same c
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
 from propel_core.config import LabelConfig
-from propel_core.errors import PropelError
 from propel_core.execution import solver_labels
 from propel_core.ranks import is_main
 from propel_core.run import Run
@@ -70,8 +67,4 @@ def audit_label(label: LabelConfig, k: int | None) -> LabelConfig:
     """The label settings of an audit: the label stage's, with ``train.audit.k`` attempts (null:
     ``label.k``). Another K measures the band at another K than the probe learned, which biases the
     calibration gap (docs/config.md)."""
-    try:
-        return LabelConfig.model_validate({**label.model_dump(), "k": k or label.k})
-    except ValidationError as error:
-        reason = error.errors()[0]["msg"]
-        raise PropelError(f"train.audit.k={k} does not suit the label settings: {reason}") from None
+    return label.at_k(k or label.k)
