@@ -152,6 +152,7 @@ class Registry:
     components: dict[str, dict[str, Component]] = field(default_factory=dict)
     _backends: dict[str, Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _sources: dict[str, str] | None = field(default=None, repr=False)  # plugin -> "distribution version"
 
     @classmethod
     def build(cls, pm: pluggy.PluginManager | None = None) -> Registry:
@@ -302,12 +303,15 @@ class Registry:
         """The distribution and version that registered component ``name`` of ``kind`` (``propel-core
         0.1.0`` for a built-in), or the plugin's name where no installed distribution has it (one
         registered by hand, in a test)."""
+        if self._sources is None:  # read once a registry: the installed distributions do not change under it
+            core = f"propel-core {importlib.metadata.version('propel-core')}"
+            self._sources = {name: core for name in DEFAULT_PLUGINS} | {
+                ep.name: f"{ep.dist.name} {ep.dist.version}"
+                for ep in importlib.metadata.entry_points(group="propel")
+                if ep.dist is not None
+            }
         plugin = self.components[kind][name].plugin
-        version = _plugin_versions().get(plugin)
-        if plugin in DEFAULT_PLUGINS:
-            return f"propel-core {version}"
-        found = {ep.name: ep.dist for ep in importlib.metadata.entry_points(group="propel") if ep.dist}.get(plugin)
-        return f"{found.name} {found.version}" if found is not None else f"plugin {plugin} (no distribution)"
+        return self._sources.get(plugin) or f"plugin {plugin} (no distribution)"
 
     def validity_predicates(self, domain: Any) -> dict[str, Callable[..., Any]]:
         """The validity predicates ``domain`` names (``Domain.validity_predicates``), by name, in its order."""

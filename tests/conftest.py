@@ -78,6 +78,13 @@ def pip_install(package: Path, site: Path) -> None:
     )
 
 
+@pytest.fixture
+def pip_install_into():
+    """``pip_install_into(package, site)``: ``pip_install``, for a test that installs a package it made
+    (a test module cannot import this conftest by name: the domains' conftests share it)."""
+    return pip_install
+
+
 @pytest.fixture(scope="session")
 def example_plugin_site(tmp_path_factory) -> Path:
     """``pip install`` the example domain package into a folder of its own, once per session."""

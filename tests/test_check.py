@@ -125,14 +125,12 @@ def test_samples_that_are_not_samples_are_one_line_each(tmp_path):
         read_samples(tmp_path / "s.jsonl")
 
 
-def test_a_new_plugin_of_every_kind_installs_and_passes_its_own_tests(propel_cli, tmp_path):
+def test_a_new_plugin_of_every_kind_installs_and_passes_its_own_tests(propel_cli, tmp_path, pip_install_into):
     """`propel new-plugin` writes a package whose tests pass once it is installed (its domain's through
     `propel check` too), that ruff finds clean, and that `propel plugins` lists with what it registers."""
     import os
     import subprocess
     import sys
-
-    from conftest import pip_install
 
     folder = tmp_path / "propel-tally"
     kinds = ("--kind", "domain", "--kind", "reward_rule", "--kind", "probe_head")
@@ -141,7 +139,7 @@ def test_a_new_plugin_of_every_kind_installs_and_passes_its_own_tests(propel_cli
     ruff = [str(Path(sys.executable).with_name("ruff")), "--no-cache"]
     subprocess.run([*ruff[:1], "check", *ruff[1:], "."], cwd=folder, check=True)
     subprocess.run([*ruff[:1], "format", "--check", *ruff[1:], "."], cwd=folder, check=True)
-    pip_install(folder, tmp_path / "site")
+    pip_install_into(folder, tmp_path / "site")
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", str(folder / "tests")],

@@ -1,6 +1,7 @@
 """A third-party domain package, pip-installed, shows up and is usable by name."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -113,14 +114,12 @@ def digests(folder):
     }
 
 
-def test_a_run_records_the_plugin_version_and_refuses_another(example_plugin, tmp_path, monkeypatch):
+def test_a_run_records_the_plugin_version_and_refuses_another(example_plugin, tmp_path, monkeypatch, pip_install_into):
     """settings.json names the distribution and version that registered each component and its
     options with their defaults; the same plugin at another version (installed in its place) makes
     adding to the corpus refuse, naming both versions."""
     import shutil
     import sys
-
-    from conftest import EXAMPLE_PLUGIN, pip_install
 
     from propel_core.errors import PropelError
     from propel_core.run import Run
@@ -134,11 +133,13 @@ def test_a_run_records_the_plugin_version_and_refuses_another(example_plugin, tm
     assert recorded["generator.backend_plugins.transformers"].startswith("propel-core ")
 
     newer = tmp_path / "package"
-    shutil.copytree(EXAMPLE_PLUGIN, newer, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    shutil.copytree(
+        Path(__file__).parent / "example_plugin", newer, ignore=shutil.ignore_patterns("build", "*.egg-info")
+    )
     (newer / "pyproject.toml").write_text(
         (newer / "pyproject.toml").read_text().replace('version = "0.3.0"', 'version = "0.4.0"')
     )
-    pip_install(newer, tmp_path / "site")
+    pip_install_into(newer, tmp_path / "site")
     monkeypatch.setattr(sys, "path", [str(tmp_path / "site"), *(p for p in sys.path if p != str(example_plugin))])
     for module in [name for name in sys.modules if name.startswith("propel_reverse_word")]:
         monkeypatch.delitem(sys.modules, module)
