@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
+from propel_core.provenance import flat
 from propel_core.records import readable
 
 
@@ -697,6 +698,14 @@ def resolved(config: PropelConfig, registry: Registry) -> dict[str, Any]:
     return out
 
 
+def spelled_out(config: PropelConfig, registry: Registry) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``resolved(config, registry)``, and what it adds to the config as given, flat (``a.b.c`` keys):
+    the components' defaults and what registered each."""
+    data = resolved(config, registry)
+    given = flat(config.model_dump(mode="json"))
+    return data, {key: value for key, value in flat(data).items() if key not in given}
+
+
 def _spell_out(model: BaseModel, out: dict[str, Any], registry: Registry) -> None:
     fields = type(model).model_fields
     for name in fields:
@@ -789,10 +798,7 @@ def dump_config(config: PropelConfig, registry: Registry) -> str:
     and a plugin's new defaults."""
     import yaml
 
-    from propel_core.provenance import flat
-
-    plain = config.model_dump(mode="json")
-    spelled = {key: value for key, value in flat(resolved(config, registry)).items() if key not in flat(plain)}
+    _, spelled = spelled_out(config, registry)
     defaults = [f"#   {key}: {json.dumps(value)}" for key, value in spelled.items() if "_plugins." not in key]
     made_by = [
         f"#   {key.split('_plugins.')[0]}: {key.split('_plugins.')[1]}: {value}"
@@ -800,7 +806,7 @@ def dump_config(config: PropelConfig, registry: Registry) -> str:
         if "_plugins." in key
     ]
     return (
-        yaml.safe_dump(plain, sort_keys=False)
+        yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
         + "# options at their defaults:\n"
         + "".join(line + "\n" for line in defaults)
         + "# the components named above, and what registered them:\n"

@@ -152,7 +152,7 @@ class Registry:
     components: dict[str, dict[str, Component]] = field(default_factory=dict)
     _backends: dict[str, Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _sources: dict[str, str] | None = field(default=None, repr=False)  # plugin -> "distribution version"
+    _distributions: dict[str, tuple[str, str]] | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, pm: pluggy.PluginManager | None = None) -> Registry:
@@ -303,15 +303,22 @@ class Registry:
         """The distribution and version that registered component ``name`` of ``kind`` (``propel-core
         0.1.0`` for a built-in), or the plugin's name where no installed distribution has it (one
         registered by hand, in a test)."""
-        if self._sources is None:  # read once a registry: the installed distributions do not change under it
-            core = f"propel-core {importlib.metadata.version('propel-core')}"
-            self._sources = {name: core for name in DEFAULT_PLUGINS} | {
-                ep.name: f"{ep.dist.name} {ep.dist.version}"
+        plugin = self.components[kind][name].plugin
+        found = self.distributions().get(plugin)
+        return f"{found[0]} {found[1]}" if found else f"plugin {plugin} (no distribution)"
+
+    def distributions(self) -> dict[str, tuple[str, str]]:
+        """plugin name -> (distribution, version) of every installed propel plugin, the built-ins
+        propel-core's; read once a registry (the installed distributions do not change under it)."""
+        if self._distributions is None:
+            found = {
+                ep.name: (ep.dist.name, ep.dist.version)
                 for ep in importlib.metadata.entry_points(group="propel")
                 if ep.dist is not None
             }
-        plugin = self.components[kind][name].plugin
-        return self._sources.get(plugin) or f"plugin {plugin} (no distribution)"
+            core = ("propel-core", importlib.metadata.version("propel-core"))
+            self._distributions = found | {name: core for name in DEFAULT_PLUGINS}
+        return self._distributions
 
     def validity_predicates(self, domain: Any) -> dict[str, Callable[..., Any]]:
         """The validity predicates ``domain`` names (``Domain.validity_predicates``), by name, in its order."""
@@ -396,7 +403,7 @@ class Registry:
 
     def describe(self) -> list[dict[str, Any]]:
         """One entry per plugin: name, version and the component names it registers per kind."""
-        versions = _plugin_versions()
+        versions = {name: version for name, (_, version) in self.distributions().items()}
         plugins: dict[str, dict[str, Any]] = {}
         for name, _ in self.pm.list_name_plugin():
             plugins[name] = {"name": name, "version": versions.get(name), "registers": {}}
@@ -478,13 +485,3 @@ def plain_data(value: Any, depth: int = 0) -> bool:
     if isinstance(value, dict):
         return all(isinstance(key, str) and plain_data(item, depth + 1) for key, item in value.items())
     return False
-
-
-def _plugin_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {
-        ep.name: ep.dist.version if ep.dist else None for ep in importlib.metadata.entry_points(group="propel")
-    }
-    core_version = importlib.metadata.version("propel-core")
-    for name in DEFAULT_PLUGINS:
-        versions[name] = core_version
-    return versions

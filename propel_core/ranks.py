@@ -66,7 +66,7 @@ def stopping_together():
 
     class StoppingTogether(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            if process_count() > 1 and any(gathered(control.should_training_stop)):
+            if any(gathered(control.should_training_stop)):
                 control.should_training_stop = True
 
     return StoppingTogether()

@@ -23,12 +23,12 @@ from typing import Any
 import click
 
 from propel_core.backend import ModelBackend
-from propel_core.config import ModelConfig, PropelConfig, dump_config, load_config, resolved
+from propel_core.config import ModelConfig, PropelConfig, dump_config, load_config, spelled_out
 from propel_core.contracts import ContextSampler, Executor
 from propel_core.domain import Domain
 from propel_core.errors import PropelError
 from propel_core.plugins import Registry
-from propel_core.provenance import claim, flat
+from propel_core.provenance import claim
 from propel_core.ranks import is_main, join, launch_warning
 from propel_core.records import readable
 from propel_core.tracking import Tracker
@@ -125,9 +125,8 @@ class Run:
         process of a launch claims for all: the others would rewrite its record."""
         if not is_main():
             return
-        config = resolved(self.config, self.registry)
-        spelled_out = frozenset(flat(config)) - frozenset(flat(self.config.model_dump(mode="json")))
-        claim(self.dir, output, config, exists, self.config.allow_changed_settings, more_keys, values, spelled_out)
+        config, added = spelled_out(self.config, self.registry)
+        claim(self.dir, output, config, exists, self.config.allow_changed_settings, more_keys, values, frozenset(added))
 
     def say(self, text: str) -> None:
         """Tell the user what a stage found (its summary, table or verdict): on standard output, also

@@ -55,14 +55,13 @@ def run_stage(run: Run, name: str) -> None:
             f"`propel {name}` runs in one process, and accelerate launch started {process_count()}: run it "
             f"without accelerate launch (a launch of several runs {' and '.join(DISTRIBUTED_STAGES)})"
         )
-    if not is_main():  # the main process records refusals for all
-        {**STAGES, **FOLLOW_UPS}[name](run)
-        return
     try:
         {**STAGES, **FOLLOW_UPS}[name](run)
     except PropelError as exc:
         order = list(STAGES)
         later = tuple(order[order.index(name) + 1 :]) if name in order else ()
-        record_refusal(run.dir, name, str(exc), later)
+        if is_main():  # the main process records refusals for all
+            record_refusal(run.dir, name, str(exc), later)
         raise
-    record_refusal(run.dir, name, None)
+    if is_main():
+        record_refusal(run.dir, name, None)

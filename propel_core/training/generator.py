@@ -132,15 +132,12 @@ def _audited_training(run: Run, trainer, folder: Path, base: str, checkpoint: Pa
     (dropped if training failed), and a stop rule they met is said in one line. False when the audits
     before the checkpoint had already stopped this training (nothing trains)."""
     stopped = any(gathered(audit is not None and bool(audit.stop_reason)))  # the main process's audit
-    if audit is None:
-        if stopped:  # another process of the launch: the main one ends the training
-            train_and_save(trainer, folder, base, checkpoint, finished=True)
-            return False
-        trainer.add_callback(stopping_together())
-        train_and_save(trainer, folder, base, checkpoint)
-        return True
-    trainer.add_callback(audited(audit))
-    trainer.add_callback(stopping_together())
+    if audit is not None:
+        trainer.add_callback(audited(audit))
+    trainer.add_callback(stopping_together())  # after the audit's: it shares the audit's decision
+    if audit is None:  # or another process of a launch, where the main one audits and says
+        train_and_save(trainer, folder, base, checkpoint, finished=stopped)
+        return not stopped
     if stopped:  # met by the audits before the checkpoint: this training is over
         audit.close()
         run.say(f"training stopped before this run: {audit.stop_reason}; checkpoint.resume=false starts over")
