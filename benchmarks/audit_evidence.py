@@ -28,7 +28,7 @@ from propel_core.probes.bundles import load_probe
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import start_run
 from propel_core.stages import STAGES
-from propel_core.stages.train import audit_of
+from propel_core.training.audit import audit_of
 from propel_core.training.generator import train_generator
 
 CONFIG = Path(__file__).resolve().parent / "frontier_shift.yaml"
@@ -39,7 +39,7 @@ def trained(run, folder: Path, main_probe: Path) -> list[dict]:
     """The hard arm, RL seed 0, audited; its audit records by step."""
     config = run.config
     reward = config.reward.model_copy(update={"rule": "hard", "main_probe": str(main_probe)})
-    audit = audit_of(run, folder, 0)
+    audit = audit_of(run, folder, config.train.audit, config.solver, config.label, 0)
     shutil.rmtree(folder, ignore_errors=True)
     train_generator(run, folder, config.generator, config.train, config.lora, reward, 0, 100, audit=audit)
     records = [json.loads(line) for line in (folder / "audit.jsonl").read_text().splitlines()]

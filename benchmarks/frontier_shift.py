@@ -44,7 +44,7 @@ from propel_core.probes.cells import ensemble_probes
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run, start_run
 from propel_core.stages import STAGES, report
-from propel_core.stages.train import audit_of
+from propel_core.training.audit import audit_of
 from propel_core.training.generator import train_generator
 
 log = logging.getLogger("propel")
@@ -58,7 +58,9 @@ def train_arm(run: Run, seed: int, rule: str, probes: list[Path], folder: Path) 
     config = run.config
     reward = config.reward.model_copy(update={"rule": rule, "probes": [str(p) for p in probes]})
     solve = solver_labels(run, config.solver, config.label, seed, "solver in the loop")
-    audit = audit_of(run, folder, seed) if rule == "hard" and config.train.audit.every else None
+    audit = None
+    if rule == "hard" and config.train.audit.every:
+        audit = audit_of(run, folder, config.train.audit, config.solver, config.label, seed)
     every = config.checkpoint.every
     train_generator(run, folder, config.generator, config.train, config.lora, reward, seed, every, solve, audit=audit)
 

@@ -6,11 +6,19 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from propel_core import hookimpl
-from propel_core.backend import Completion, HiddenStates, Prompt, before_stop, end_tokens, prompt_text
-from propel_core.config import ModelConfig, Sampling
-from propel_core.embedded import resolve_model
-from propel_core.errors import PropelError
+from propel_core import (
+    Completion,
+    HiddenStates,
+    ModelConfig,
+    Prompt,
+    PropelError,
+    Sampling,
+    before_stop,
+    end_tokens,
+    hookimpl,
+    prompt_text,
+    resolve_model,
+)
 
 if TYPE_CHECKING:
     import torch

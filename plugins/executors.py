@@ -13,9 +13,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from propel_core import hookimpl
-from propel_core.contracts import Job, JobRunner
-from propel_core.errors import PropelError
+from propel_core import Job, JobRunner, PropelError, hookimpl
 
 
 @hookimpl

@@ -22,10 +22,17 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from propel_core import hookimpl
-from propel_core.backend import Completion, HiddenStates, Prompt, as_messages, prefill
-from propel_core.config import ModelConfig, Sampling
-from propel_core.errors import PropelError
+from propel_core import (
+    Completion,
+    HiddenStates,
+    ModelConfig,
+    Prompt,
+    PropelError,
+    Sampling,
+    as_messages,
+    hookimpl,
+    prefill,
+)
 
 RETRIED = {429, 500, 502, 503, 504}
 #: request fields only vLLM-like servers accept

@@ -8,8 +8,7 @@ logits) with half the output weights. ``logistic`` is a linear head fitted by sc
 
 from __future__ import annotations
 
-from propel_core import hookimpl
-from propel_core.errors import PropelError
+from propel_core import PropelError, hookimpl
 
 
 @hookimpl

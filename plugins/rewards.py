@@ -10,10 +10,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from propel_core import hookimpl
-from propel_core.config import RewardConfig
-from propel_core.errors import RewardError
-from propel_core.records import Task
+from propel_core import RewardConfig, RewardError, Task, hookimpl
 
 Rule = Callable[[Task, Mapping[str, object]], float]
 

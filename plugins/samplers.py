@@ -9,8 +9,7 @@ import random
 import statistics
 from collections import defaultdict
 
-from propel_core import hookimpl
-from propel_core.records import Context
+from propel_core import Context, hookimpl
 
 
 @hookimpl

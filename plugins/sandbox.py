@@ -46,8 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from propel_core import hookimpl
-from propel_core.errors import PropelError, Unavailable
+from propel_core import PropelError, Unavailable, hookimpl
 from propel_plugins import bounds
 
 log = logging.getLogger(__name__)

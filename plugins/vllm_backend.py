@@ -24,11 +24,19 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from propel_core import hookimpl
-from propel_core.backend import Completion, HiddenStates, Prompt, as_messages, as_text, prefill
-from propel_core.config import ModelConfig, Sampling
-from propel_core.embedded import resolve_model
-from propel_core.errors import PropelError
+from propel_core import (
+    Completion,
+    HiddenStates,
+    ModelConfig,
+    Prompt,
+    PropelError,
+    Sampling,
+    as_messages,
+    as_text,
+    hookimpl,
+    prefill,
+    resolve_model,
+)
 
 #: the KV cache a CPU build gets when neither ``kv_cache_gb`` nor ``VLLM_CPU_KVCACHE_SPACE`` is set
 #: (the train stage's colocated engine too)

@@ -16,19 +16,22 @@ hookimpl = pluggy.HookimplMarker("propel")
 PUBLIC = {
     "propel_core.domain": ("Domain", "Verdict", "ParseError", "Messages", "Reply", "ValidityPredicate", "make_task"),
     "propel_core.records": (
-        "Context", "Task", "Validity", "SolverAttempt", "Label", "JsonlWriter", "iter_jsonl", "to_json",
+        "Context", "Task", "Validity", "SolverAttempt", "Label", "JsonlWriter", "iter_jsonl", "to_json", "encode",
     ),
     "propel_core.errors": ("PropelError", "RewardError", "Unavailable"),
     "propel_core.config": ("ModelConfig", "Sampling", "RewardConfig", "PropelConfig", "load_config"),
     "propel_core.backend": (
-        "ModelBackend", "HiddenStates", "Prompt", "Completion", "as_messages", "as_text", "prefill",
+        "ModelBackend", "HiddenStates", "Prompt", "Completion", "as_messages", "as_text", "prefill", "prompt_text",
+        "before_stop", "end_tokens",
     ),
+    "propel_core.embedded": ("cache_dir", "resolve_model"),
     "propel_core.contracts": (
         "RewardRule", "ContextSampler", "Sandbox", "RepositorySandbox", "Workspace", "Outcome", "Executor",
         "JobRunner", "Job", "Attempt", "Episode", "Grading",
     ),
-    "propel_core.execution": ("job_seed",),
+    "propel_core.execution": ("job_seed", "graded_texts"),
     "propel_core.run": ("Run", "start_run"),
+    "propel_core.cli": ("start",),
 }  # fmt: skip
 
 _HOME = {name: module for module, names in PUBLIC.items() for name in names}

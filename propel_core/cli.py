@@ -332,17 +332,23 @@ def _add_stage_commands() -> None:
         cli.add_command(_stage_command(name, stage))
 
 
+def add_plugin_commands(manager, group: click.Group) -> None:
+    """Each plugin's ``register_commands``, called here (not through pluggy's hook call) with ``group``;
+    a plugin whose hook raises is left out (``manager.broken``), and every other plugin's commands work."""
+    for impl in manager.hook.register_commands.get_hookimpls():
+        try:
+            impl.function(**{arg: group for arg in impl.argnames})
+        except Exception as exc:
+            manager.leave_out(impl.plugin_name, None, exc)
+
+
 def _plugin_manager():
     """The one plugin manager of this invocation: it adds the plugins' commands now and gives every
     registry the invocation builds."""
     from propel_core.plugins import get_plugin_manager
 
     manager = get_plugin_manager()
-    for impl in manager.hook.register_commands.get_hookimpls():
-        try:
-            impl.function(**{arg: cli for arg in impl.argnames})
-        except Exception as exc:  # its commands are missing; every other plugin's work
-            manager.leave_out(impl.plugin_name, None, exc)
+    add_plugin_commands(manager, cli)
     return manager
 
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from propel_core.errors import Unavailable
+from propel_core.errors import PropelError, Unavailable
 from propel_core.records import Context, SolverAttempt, Task, Validity, check_value
 
 if TYPE_CHECKING:
     from propel_core.config import Sampling
+    from propel_core.contracts import RepositorySandbox, Sandbox
     from propel_core.plugins import Registry
 
 log = logging.getLogger("propel")
@@ -22,6 +24,11 @@ Messages = list[dict[str, str]]
 Reply = Callable[[Messages], str]
 #: ``register_validity_predicates``: ``predicate(task, domain) -> Validity``; never raises on bad input
 ValidityPredicate = Callable[[Task, "Domain"], Validity]
+#: what a domain's sandbox runs (``Domain.sandbox_runs``): programs (``run_python``, ``Registry.sandbox``)
+#: or commands in checkouts (``workspace``, ``Registry.repository_sandbox``)
+SANDBOX_RUNS = ("programs", "repositories")
+#: held while a domain makes its sandbox, so that the threads that ask first wait for one sandbox
+_SANDBOX_LOCK = threading.Lock()
 
 
 class ParseError(ValueError):
@@ -95,7 +102,7 @@ class Domain(ABC):
     """
 
     #: registered name and the component registry, filled in by the core (``Registry.domain``);
-    #: a domain that runs code gets its sandbox from ``self.registry``
+    #: a domain that runs code gets its sandbox from ``self.registry`` (:attr:`sandbox`)
     name: str = ""
     registry: Registry | None = None
     #: names of registered validity predicates applied after parsing, in order
@@ -116,6 +123,45 @@ class Domain(ABC):
     #: options that hold another component's options, checked against it when the config is read:
     #: ``{"sandbox_options": ("sandboxes", "sandbox")}`` (the options of the sandbox option ``sandbox`` names)
     component_options: ClassVar[dict[str, tuple[str, str]]] = {}
+    #: a domain that runs code sets ``self.sandbox_name`` and ``self.sandbox_options`` in ``__init__``
+    #: (from its options) and says what its sandbox runs: ``"programs"`` or ``"repositories"``
+    sandbox_runs: ClassVar[str] = "programs"
+    sandbox_name: str
+    sandbox_options: dict[str, Any]
+    _sandbox: Sandbox | RepositorySandbox | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.sandbox_runs not in SANDBOX_RUNS:
+            raise TypeError(
+                f"{cls.__name__}.sandbox_runs is {cls.sandbox_runs!r}; choose one of: {', '.join(SANDBOX_RUNS)}"
+            )
+
+    @property
+    def sandbox(self) -> Sandbox | RepositorySandbox:
+        """The sandbox ``sandbox_name`` with ``sandbox_options``, made by :meth:`make_sandbox` on first
+        use and shared from then on. Made under a lock: ``grade`` runs in many threads at once, and the
+        first callers wait for one sandbox instead of each making its own. Not in ``__init__``: the
+        registry is filled in after it (``Registry.domain``), and a domain is also made where nothing
+        runs."""
+        if self._sandbox is None:
+            with _SANDBOX_LOCK:
+                if self._sandbox is None:
+                    if self.registry is None:
+                        raise PropelError(
+                            f"domain {type(self).__name__} has no registry to make its sandbox from: "
+                            "make the domain with Registry.domain(name, **options)"
+                        )
+                    self._sandbox = self.make_sandbox()
+        return self._sandbox
+
+    def make_sandbox(self) -> Sandbox | RepositorySandbox:
+        """A new sandbox ``sandbox_name`` with ``sandbox_options`` from the registry, one that runs what
+        ``sandbox_runs`` says (``Registry.sandbox`` or ``Registry.repository_sandbox`` checks it can);
+        :attr:`sandbox` calls it until one is made. Override it to check first what the sandbox's runs
+        need."""
+        make = self.registry.repository_sandbox if self.sandbox_runs == "repositories" else self.registry.sandbox
+        return make(self.sandbox_name, **self.sandbox_options)
 
     @abstractmethod
     def contexts(self) -> list[Context]:

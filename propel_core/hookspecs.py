@@ -32,10 +32,12 @@ the protocols in ``propel_core.contracts``.
 ``click.Group``, registers no component, and is called once when the command line starts, not when
 the registry is built.
 
-The contribution hooks' one argument will stay what it is: the core hands ``register`` to every
-argument the implementation names, whatever it calls it. ``register_commands`` is called through
-pluggy, whose specs only ever grow new arguments; an implementation may accept fewer than its spec
-(pluggy drops the rest), so old plugins keep working.
+Every hook has one argument, and it will stay what it is. The core calls each implementation
+itself, not through pluggy's hook call, and hands it that argument (``register``; ``cli`` for
+``register_commands``, from ``propel_core.cli.add_plugin_commands``); pluggy refuses a plugin whose
+implementation names an argument the hook lacks. An implementation that raises (but for a name
+registered twice, the error above) leaves its plugin out, components and commands alike, and
+``propel plugins`` lists it as broken, with the error; every other plugin loads.
 
 Heavy libraries (torch, transformers, trl) must be imported inside the component, never at module
 import time: ``propel plugins`` imports every plugin and must answer in well under a second.
@@ -56,8 +58,9 @@ def register_domains(register):
     options are the config's ``domain.options``, checked against the factory's parameters (names,
     required ones, annotated types) when the config is read, as every component's options are. The
     core instantiates exactly one domain per run, the one named by ``domain.name``, and fills in its
-    ``name`` and ``registry`` (a domain that runs code gets its sandbox from ``self.registry``; an
-    option that holds the sandbox's options is declared in ``component_options``, so those are checked
+    ``name`` and ``registry`` (a domain that runs code sets ``self.sandbox_name`` and
+    ``self.sandbox_options`` and gets that sandbox from the registry as ``self.sandbox``; an option
+    that holds the sandbox's options is declared in ``component_options``, so those are checked
     against the sandbox too).
 
     Subclass ``propel_core.domain.Domain`` and implement:
@@ -349,8 +352,9 @@ def register_sandboxes(register):
     path, or an image), a ``propel_core.contracts.Workspace`` with ``run(command, time_limit)``,
     ``read(path)``, ``write(path, data)`` and ``close()``, which removes it with everything in it.
 
-    Domains that execute code name the sandbox they use in their options and get it from
-    ``self.registry``.
+    Domains that execute code name the sandbox they use in their options, set ``self.sandbox_name`` and
+    ``self.sandbox_options`` from them, and use ``self.sandbox`` (``Domain.sandbox``: made from the
+    registry on first use, once; ``sandbox_runs = "repositories"`` for one with ``workspace``).
 
     ```python
     @hookimpl

@@ -206,11 +206,12 @@ def small(tmp_path):
 
 def audit_of(run, folder, **options):
     from propel_core.config import AuditConfig
-    from propel_core.execution import solver_labels
-    from propel_core.training.audit import Audit
+    from propel_core.training import audit
 
-    solve = solver_labels(run, run.config.solver, run.config.label, run.config.seed, "audit")
-    return Audit(AuditConfig(every=1, tasks=4, **options), folder, solve, run.config.seed)
+    config = run.config
+    return audit.audit_of(
+        run, folder, AuditConfig(every=1, tasks=4, **options), config.solver, config.label, config.seed
+    )
 
 
 def audit_steps(audit, policy, steps, upto: int, probability: float = 0.5):
@@ -308,7 +309,7 @@ def test_a_stop_met_before_the_checkpoint_still_holds(small, tmp_path):
 def test_an_audit_counts_the_k_the_probe_learned_unless_told(small):
     from propel_core.config import validate_config
     from propel_core.errors import PropelError
-    from propel_core.stages.train import audit_label
+    from propel_core.training.audit import audit_label
 
     run, _, _ = small
     assert audit_label(run.config.label, None).k == run.config.label.k and audit_label(run.config.label, 3).k == 3

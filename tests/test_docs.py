@@ -1,6 +1,7 @@
 """Docs match the code: docs/plugin_hooks.md is what scripts/hook_docs.py renders from the hook specs,
-every hook has a test in test_hooks.py, every CLI verb and config section is documented, and the
-README's layout table and domain list name what the repository holds."""
+every hook has a test in test_hooks.py, every CLI verb and config section is documented, docs/config.md's
+examples are configs propel accepts, and the README's layout table and domain list name what the
+repository holds."""
 
 import ast
 import importlib.util
@@ -118,6 +119,20 @@ def test_config_doc_quotes_the_real_errors(propel_registry):
         validate_config({"domain": {"name": "countdown"}, "train": {"loss_type": "ppo"}}, propel_registry)
     (quoted,) = [line.strip("- ") for line in str(err.value).splitlines() if "loss_type" in line]
     assert f"`{quoted}`" in text
+
+
+def test_config_doc_examples_are_configs_propel_accepts(propel_registry):
+    """Each YAML example of docs/config.md reads as propel config reads it: the first, the smallest
+    config, alone, and each later one (a section) merged over it."""
+    import yaml
+
+    from propel_core.config import validate_config
+
+    text = (ROOT / "docs" / "config.md").read_text()
+    smallest, *sections = [yaml.safe_load(block) for block in re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M)]
+    assert smallest == {"domain": {"name": "countdown"}} and sections
+    for example in [{}, *sections]:
+        validate_config({**smallest, **example}, propel_registry)
 
 
 def test_cli_doc_names_the_demo_domain():

@@ -8,11 +8,11 @@ import pytest
 from click.testing import CliRunner
 
 from propel_core import hookimpl
-from propel_core.cli import PropelGroup
+from propel_core.cli import PropelGroup, add_plugin_commands
 from propel_core.config import RewardConfig, Sampling, validate_config
 from propel_core.domain import Domain, ParseError, Verdict, make_task
 from propel_core.errors import PropelError
-from propel_core.plugins import get_plugin_manager
+from propel_core.plugins import Registry, get_plugin_manager
 from propel_core.records import Context, Validity
 
 
@@ -278,11 +278,39 @@ def test_register_commands():
     def group():
         pass
 
-    pm.hook.register_commands(cli=group)
+    add_plugin_commands(pm, group)
     runner = CliRunner()
     assert runner.invoke(group, ["hello", "propel"]).output == "hello propel\n"
     failed = runner.invoke(group, ["hello", ""])
     assert failed.exit_code == 1 and "Error: hello needs a name" in failed.output
+
+
+def test_a_register_commands_that_raises_leaves_its_plugin_out():
+    """The command line calls each implementation itself (hookspecs.py): one that raises leaves its
+    plugin out, components included, and listed as broken; the others' commands are there."""
+
+    class Broken:
+        @staticmethod
+        @hookimpl
+        def register_commands(cli):
+            raise RuntimeError("needs click 99")
+
+        @staticmethod
+        @hookimpl
+        def register_domains(register):
+            register("broken_tiny", Tiny)
+
+    pm = get_plugin_manager(load_entrypoints=False)
+    pm.register(Broken, name="broken")
+    pm.register(TinyPlugin, name="tiny")
+
+    @click.group(cls=PropelGroup)
+    def group():
+        pass
+
+    add_plugin_commands(pm, group)
+    assert [(plugin.name, plugin.error) for plugin in pm.broken] == [("broken", "RuntimeError: needs click 99")]
+    assert "broken_tiny" not in Registry.build(pm).names("domains")
 
 
 def test_plugin_commands_reach_the_propel_cli():

@@ -17,8 +17,8 @@ from propel_core.probes.bundles import load_probe
 from propel_core.probes.cells import splits
 from propel_core.probes.heads import ProbeJob, train_probe, train_probes
 from propel_core.probes.metrics import auc, balanced_accuracy, ece, f1, spearman
+from propel_core.probes.sweep import select
 from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity, iter_jsonl
-from propel_core.stages.probe import select
 
 # -- metrics against hand computations ------------------------------------------------------------
 

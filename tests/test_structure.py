@@ -1,8 +1,8 @@
 """The layering the code keeps: stages are thin orchestrators over a library that never reaches back.
 
 - no stage imports another stage (what two stages share lives in the library);
-- nothing but the command line (which runs them) imports a stage: not the library, not the built-in
-  plugins, not a domain;
+- nothing but the command line (which runs them) imports a stage: not the library (nor the run),
+  not the built-in plugins, not a domain, not a script; the benchmarks that still do are listed;
 - the library takes its settings as arguments: only stages (and the run and CLI that start them)
   read ``run.config``.
 """
@@ -14,6 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGES = ROOT / "propel_core" / "stages"
 #: what starts stages: the command line, and the run it builds for them
 STARTERS = {ROOT / "propel_core" / "cli.py", ROOT / "propel_core" / "run.py"}
+#: the benchmarks that still run stages (issue 45: a benchmark is to call the library, as a script
+#: does); no other may start to, and one that stops leaves this list
+BENCHMARKS_ON_STAGES = {
+    "audit.py", "audit_evidence.py", "cuda.py", "frontier_shift.py", "label.py", "mle_cost.py", "probe_sweep.py",
+    "vllm_label.py", "zero_variance.py",
+}  # fmt: skip
 
 
 def imported_modules(path: Path) -> list[str]:
@@ -28,13 +34,26 @@ def imported_modules(path: Path) -> list[str]:
     return names
 
 
+#: what the repository's own plugins may import from: ``propel_core`` itself (its ``__all__``), and the
+#: pytest plugin, which docs/writing_plugins.md ("Test it") names as the module it is
+PLUGIN_FACING = ("propel_core", "propel_core.testing")
+
+
+def plugin_modules() -> list[Path]:
+    """The repository's own plugins as they install: the built-ins (``plugins/``) and each domain's
+    package (not the domains' tests, which test the core as well)."""
+    return sorted([*(ROOT / "plugins").glob("*.py"), *(ROOT / "domains").glob("*/propel_*/**/*.py")])
+
+
 def library_files() -> list[Path]:
     files = [
         path for path in (ROOT / "propel_core").rglob("*.py") if path not in STARTERS and STAGES not in path.parents
     ]
-    files += list((ROOT / "plugins").glob("*.py"))
-    files += [path for path in (ROOT / "domains").glob("*/propel_*/*.py")]
-    return sorted(files)
+    return sorted(files + plugin_modules())
+
+
+def stage_imports(path: Path) -> list[str]:
+    return [module for module in imported_modules(path) if module.startswith("propel_core.stages")]
 
 
 def test_the_layers_are_where_this_test_looks():
@@ -56,13 +75,18 @@ def test_no_stage_imports_another_stage():
 
 
 def test_nothing_but_the_command_line_imports_a_stage():
-    offenders = [
-        f"{path.relative_to(ROOT)} imports {module}"
-        for path in library_files()
-        for module in imported_modules(path)
-        if module.startswith("propel_core.stages")
+    cli = ROOT / "propel_core" / "cli.py"
+    shipped = [*library_files(), *(STARTERS - {cli}), *(ROOT / "scripts").glob("*.py")]
+    offenders = [f"{path.relative_to(ROOT)} imports {module}" for path in shipped for module in stage_imports(path)]
+    benchmarks = {path.name: stage_imports(path) for path in (ROOT / "benchmarks").glob("*.py")}
+    offenders += [
+        f"benchmarks/{name} imports {', '.join(modules)}: call the library instead, as a script does"
+        for name, modules in benchmarks.items()
+        if modules and name not in BENCHMARKS_ON_STAGES
     ]
     assert not offenders, "\n".join(offenders)
+    stopped = sorted(name for name in BENCHMARKS_ON_STAGES if not benchmarks[name])
+    assert not stopped, f"{stopped} no longer import a stage: take them off BENCHMARKS_ON_STAGES"
 
 
 def reads_run_config(path: Path) -> list[int]:
@@ -101,9 +125,16 @@ def test_the_checks_can_fail(tmp_path):
     stage.write_text(
         "def f(run):\n    from propel_core.stages.train import train\n    return run.config.seed\n"
         "def register_commands(cli):\n    return run.config\n"
+        "import propel_core.records\nfrom propel_core import Domain, Domian\n"
+        "from propel_core.testing import assert_same_verdicts_concurrently\n"
     )
-    assert "propel_core.stages.train" in imported_modules(stage)
+    assert "propel_core.stages.train" in stage_imports(stage)
     assert reads_run_config(stage) == [3]
+    assert sorted(public_face_problems(stage, tmp_path)) == [
+        "stage.py:2 imports train from propel_core.stages.train: import from propel_core",
+        "stage.py:6 imports propel_core.records: import its names from propel_core",
+        "stage.py:7 imports Domian, which propel_core.PUBLIC lacks",
+    ]
 
 
 def test_the_contracts_depend_on_the_records_alone():
@@ -128,6 +159,34 @@ def test_every_public_name_is_the_object_its_module_defines():
             assert getattr(propel_core, name) is getattr(importlib.import_module(module), name), name
     with pytest.raises(AttributeError, match="no attribute 'Domian'"):
         propel_core.Domian  # noqa: B018
+
+
+def public_face_problems(path: Path, root: Path = ROOT) -> list[str]:
+    """Each import in ``path`` (named from ``root``) that goes past propel_core's public face: from a
+    module other than ``PLUGIN_FACING``, or of a name that ``propel_core.__all__`` lacks."""
+    import propel_core
+
+    problems = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        where = f"{path.relative_to(root)}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names if alias.name.startswith("propel_core.")]
+            problems += [f"{where} imports {module}: import its names from propel_core" for module in modules]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "propel_core":
+            names = [alias.name for alias in node.names]
+            if node.module not in PLUGIN_FACING:
+                problems.append(f"{where} imports {', '.join(names)} from {node.module}: import from propel_core")
+            elif node.module == "propel_core":
+                lacking = [name for name in names if name not in propel_core.__all__]
+                problems += [f"{where} imports {name}, which propel_core.PUBLIC lacks" for name in lacking]
+    return problems
+
+
+def test_the_plugins_import_the_core_from_its_public_face():
+    modules = plugin_modules()
+    assert {"backends.py", "plugin.py", "domain.py", "environment.py"} <= {path.name for path in modules}
+    problems = [problem for path in modules for problem in public_face_problems(path)]
+    assert not problems, "\n".join(problems)
 
 
 def core_imports() -> dict[str, set[str]]:

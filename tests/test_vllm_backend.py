@@ -388,12 +388,13 @@ def test_an_audit_labels_the_policys_tasks_with_the_vllm_solver(tmp_path, arithm
     """The train stage's audit with vLLM as the solver: the step's sample is labeled in the
     background as the label stage labels it, attempt for attempt, and the record says what the labels do."""
     from propel_core.execution import label_tasks
-    from propel_core.stages.train import audit_of
+    from propel_core.training.audit import audit_of
 
     config = run_config(tmp_path, "vllm") | {"train": {"audit": {"every": 1, "tasks": 6}}}
     run = in_process(config, registry)
     tasks = [task.model_copy(update={"id": f"rl-0-{i}"}) for i, task in enumerate(iter_jsonl(arithmetic_tasks, Task))]
-    audit = audit_of(run, tmp_path / "train", run.config.seed)
+    config = run.config
+    audit = audit_of(run, tmp_path / "train", config.train.audit, config.solver, config.label, config.seed)
     audit.start(0)
     audit.offer(0, tasks, [0.5] * len(tasks))
     audit.close()

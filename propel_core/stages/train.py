@@ -14,11 +14,12 @@ Multi-GPU: ``accelerate launch -m propel_core.cli train CONFIG`` with the same c
 
 from __future__ import annotations
 
-from propel_core.config import LabelConfig
+from functools import partial
+
 from propel_core.execution import solver_labels
 from propel_core.ranks import is_main
 from propel_core.run import Run
-from propel_core.training.audit import Audit
+from propel_core.training.audit import audit_of
 from propel_core.training.checkpoints import goes_on
 from propel_core.training.generator import train_generator
 from propel_core.training.generator_reward import reward_reads
@@ -38,7 +39,8 @@ def train(run: Run) -> None:
     # K real attempts at a sample of the step's tasks, labeled as label does; under `accelerate launch`
     # the main process audits each whole step (the reward gathers every process's generations)
     if config.train.audit.every and is_main():
-        audit = audit_of(run, folder, config.seed, lambda metrics, step: run.track("train", metrics, step))
+        track = partial(run.track, "train")  # each audit's metrics, at the step it audited
+        audit = audit_of(run, folder, config.train.audit, config.solver, config.label, config.seed, track)
     every = config.checkpoint.every
     train_generator(
         run,
@@ -53,18 +55,3 @@ def train(run: Run) -> None:
         resume,
         audit,
     )
-
-
-def audit_of(run: Run, folder, seed: int, track=None) -> Audit:
-    """The ``train.audit`` of a training into ``folder``: the run's solver, K = ``train.audit.k`` (or
-    ``label.k``), each step's sample drawn from ``seed``; ``track`` gets each audit's metrics."""
-    options = run.config.train.audit
-    audited = solver_labels(run, run.config.solver, audit_label(run.config.label, options.k), seed, "audit")
-    return Audit(options, folder, audited, seed, track)
-
-
-def audit_label(label: LabelConfig, k: int | None) -> LabelConfig:
-    """The label settings of an audit: the label stage's, with ``train.audit.k`` attempts (null:
-    ``label.k``). Another K measures the band at another K than the probe learned, which biases the
-    calibration gap (docs/config.md)."""
-    return label.at_k(k or label.k)

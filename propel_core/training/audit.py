@@ -28,13 +28,17 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from propel_core.config import AuditConfig
+from propel_core.config import AuditConfig, LabelConfig, ModelConfig
 from propel_core.evaluation import arm_metrics
+from propel_core.execution import solver_labels
 from propel_core.probes.metrics import auc, balanced_accuracy
 from propel_core.records import JsonlWriter, Label, Task, iter_jsonl, keep_entries, to_json
 from propel_core.run import log
+
+if TYPE_CHECKING:
+    from propel_core.run import Run
 
 BEST = "best_audited"
 #: audits waiting at most; one due while this many wait is skipped, so a slow solver cannot pile up
@@ -210,6 +214,29 @@ class Audit:
             path = self.journal / f"probabilities-{step}.json"
             probabilities = json.loads(path.read_text()) if path.exists() else {}
             self.pending[step] = self.worker.submit(self._audit, step, tasks, probabilities)
+
+
+def audit_of(
+    run: Run,
+    folder: Path,
+    options: AuditConfig,
+    solver: ModelConfig,
+    label: LabelConfig,
+    seed: int,
+    track: Callable[[dict, int], None] | None = None,
+) -> Audit:
+    """The audit (``train.audit``: ``options``) of a training into ``folder``: ``solver`` labels each
+    sample as ``label`` says, at K = ``options.k`` (or ``label.k``), through the run's executor; each
+    step's sample is drawn from ``seed``; ``track`` gets each audit's metrics."""
+    audited = solver_labels(run, solver, audit_label(label, options.k), seed, "audit")
+    return Audit(options, folder, audited, seed, track)
+
+
+def audit_label(label: LabelConfig, k: int | None) -> LabelConfig:
+    """The label settings of an audit: the label stage's, with ``train.audit.k`` attempts (null:
+    ``label.k``). Another K measures the band at another K than the probe learned, which biases the
+    calibration gap (docs/config.md)."""
+    return label.at_k(k or label.k)
 
 
 def audited(audit: Audit):

@@ -289,6 +289,14 @@ def rule_of(run: Run, reward: RewardConfig) -> RewardRule:
     return run.registry.reward_rule(reward.rule, reward.settled(False, None))
 
 
+def rule_of_cell(run: Run, reward: RewardConfig) -> Callable[[float], RewardRule]:
+    """``rule_at(lowest)``: the rule ``reward`` names as a probe sweep cell's head would be paid by it,
+    its r_bad and overflow reward settled below that head's own lowest valid logit where ``reward``
+    leaves them null (the probe stage's RVP)."""
+    paid = paid_in_logits(rule_of(run, reward))
+    return lambda lowest: run.registry.reward_rule(reward.rule, reward.settled(paid, lowest))
+
+
 def reward_reads(run: Run, reward: RewardConfig) -> tuple[tuple[str, ...], dict[str, Any]]:
     """What a training's reward depends on beyond its ``reward.*`` settings, for ``RUN/settings.json``:
     the config keys (the rule's own options; the solver's and the label stage's, for a rule reading

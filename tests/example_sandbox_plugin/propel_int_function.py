@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from typing import Any, ClassVar
 
 from propel_core import Context, Domain, ParseError, Verdict, hookimpl
@@ -72,19 +71,8 @@ class IntFunction(Domain):
         if not 0 < shown < min_examples:
             raise ValueError(f"shown ({shown}) must be at least 1 and less than min_examples ({min_examples})")
         self.min_examples, self.shown, self.time_limit = min_examples, shown, time_limit
+        # the sandbox these name is self.sandbox, made on first use (Domain.sandbox)
         self.sandbox_name, self.sandbox_options = sandbox, dict(sandbox_options or {})
-        self._sandbox = None  # made on first use: the registry is filled in after __init__
-        self._sandbox_lock = threading.Lock()
-
-    def sandbox(self):
-        """The sandbox, made on first use and shared from then on: grade runs in many threads at once,
-        and the lock makes the first callers wait for one sandbox instead of each making its own."""
-        with self._sandbox_lock:
-            if self._sandbox is None:
-                if self.registry is None:
-                    raise RuntimeError("make the domain with Registry.domain(name, **options): it has no registry")
-                self._sandbox = self.registry.sandbox(self.sandbox_name, **self.sandbox_options)
-            return self._sandbox
 
     def contexts(self):
         return [Context(id=f"theme-{theme}", data={"theme": theme}) for theme in THEMES]
@@ -136,7 +124,7 @@ class IntFunction(Domain):
             return Verdict(False, "no Python code block")
         inputs = [n for n, _ in payload["examples"]]
         files = {"main.py": DRIVER, "solution.py": blocks[-1], "inputs.json": json.dumps(inputs)}
-        run = self.sandbox().run_python(files, "main.py", time_limit=self.time_limit)
+        run = self.sandbox.run_python(files, "main.py", time_limit=self.time_limit)
         diagnostics = {"sandbox_status": run.status}
         if run.status == "sandbox_error":  # the sandbox failed, not the attempt: ungradable
             return Verdict(None, f"sandbox_error: {why(run)}", diagnostics)

@@ -12,9 +12,7 @@ import random
 import re
 from typing import Any
 
-from propel_core import hookimpl
-from propel_core.domain import Domain, Messages, ParseError, Verdict
-from propel_core.records import Context, Task, Validity
+from propel_core import Context, Domain, Messages, ParseError, Task, Validity, Verdict, hookimpl
 from propel_countdown.arithmetic import ExpressionError, evaluate
 
 

@@ -22,9 +22,7 @@ from __future__ import annotations
 import random
 import re
 
-from propel_core.backend import HiddenStates, Prompt, as_messages
-from propel_core.config import ModelConfig, Sampling
-from propel_core.errors import PropelError
+from propel_core import HiddenStates, ModelConfig, Prompt, PropelError, Sampling, as_messages
 
 EXERCISE = re.compile(r"Compute (.+)\. Reply with the number only\.", re.DOTALL)
 BASE, PER_EXTRA_DIGIT, PER_PRODUCT, PER_EXTRA_OPERATION = 0.95, 0.8, 0.55, 0.7

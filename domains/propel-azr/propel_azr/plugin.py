@@ -10,14 +10,11 @@ import ast
 import json
 import re
 import string
-from functools import cached_property
 from importlib.resources import files
 from typing import Any, ClassVar
 
 from propel_azr.topics import topic_of
-from propel_core import hookimpl
-from propel_core.domain import Domain, Messages, ParseError, Verdict
-from propel_core.records import Context, Task, Validity
+from propel_core import Context, Domain, Messages, ParseError, Task, Validity, Verdict, hookimpl
 
 
 @hookimpl
@@ -144,10 +141,6 @@ class AZR(Domain):
         self.max_code_chars = max_code_chars
         self.sandbox_name = sandbox
         self.sandbox_options = {"time_limit": 5.0, "memory_mb": 256, **(sandbox_options or {})}
-
-    @cached_property
-    def sandbox(self):
-        return self.registry.sandbox(self.sandbox_name, **self.sandbox_options)
 
     def contexts(self) -> list[Context]:
         seeds = files("propel_azr").joinpath("seeds.jsonl").read_text().splitlines()

@@ -6,9 +6,7 @@ import random
 import re
 from typing import Any
 
-from propel_core import hookimpl
-from propel_core.domain import Domain, Messages, ParseError, Verdict
-from propel_core.records import Context, SolverAttempt, Task, Validity
+from propel_core import Context, Domain, Messages, ParseError, SolverAttempt, Task, Validity, Verdict, hookimpl
 from propel_countdown.arithmetic import ExpressionError, evaluate, solvable
 
 

@@ -9,10 +9,7 @@ import threading
 from functools import cached_property
 from typing import Any
 
-from propel_core import hookimpl
-from propel_core.config import ModelConfig, Sampling
-from propel_core.domain import Domain, Messages, ParseError, Verdict
-from propel_core.records import Context, Task, Validity
+from propel_core import Context, Domain, Messages, ModelConfig, ParseError, Sampling, Task, Validity, Verdict, hookimpl
 from propel_math.pools import BUILTIN_POOLS, builtin_pool, load_pool
 from propel_math.verify import Verifier
 

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from propel_core.errors import PropelError
+from propel_core import PropelError
 from propel_mle.datasets import METRICS, Split
 
 MARKERS = (

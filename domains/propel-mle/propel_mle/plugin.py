@@ -21,11 +21,19 @@ import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
-from propel_core import hookimpl
-from propel_core.domain import Domain, Messages, ParseError, Verdict, make_task
-from propel_core.embedded import cache_dir
-from propel_core.errors import PropelError
-from propel_core.records import Context, Task, Validity
+from propel_core import (
+    Context,
+    Domain,
+    Messages,
+    ParseError,
+    PropelError,
+    Task,
+    Validity,
+    Verdict,
+    cache_dir,
+    hookimpl,
+    make_task,
+)
 from propel_mle.datasets import CATALOG, METRICS, data_set, public_files, split, stored_secret
 from propel_mle.environment import MARKERS, SUBMISSION, Rollout, execute
 
@@ -64,7 +72,7 @@ def register_commands(cli):
 
     def _mle_run(ctx, config: str, overrides: tuple[str, ...], verb: str):
         """The run of ``propel mle VERB CONFIG overrides`` and its domain, refused unless it is this one."""
-        from propel_core.cli import start
+        from propel_core import start
 
         run = start(ctx, [config], overrides)
         if run.config.domain.name != "mle":
@@ -78,7 +86,7 @@ def register_commands(cli):
     def tasks(ctx: click.Context, config: str, overrides: tuple[str, ...]) -> None:
         """Write the shipped tasks, checked like generated ones (the reference solution runs on each),
         to RUN/mle/tasks.jsonl: what solve-train trains and evaluates the solver on."""
-        from propel_core.records import JsonlWriter
+        from propel_core import JsonlWriter
 
         run, domain = _mle_run(ctx, config, overrides, "tasks")
         path = run.dir / "mle" / "tasks.jsonl"
@@ -108,8 +116,7 @@ def register_commands(cli):
         """Run every script of MODELS on every shipped task and write them, verified, as a labeled corpus
         to RUN/mle/corpus/ (tasks.jsonl, labels.jsonl): the ML-engineering RL study's offline scored solutions, which
         `propel rank rank.items=attempts rank.labels=mle/corpus/labels.jsonl` trains a reward model on."""
-        from propel_core.execution import graded_texts
-        from propel_core.records import Label, encode
+        from propel_core import Label, encode, graded_texts
 
         run, domain = _mle_run(ctx, config, overrides, "corpus")
         tasks = [shipped_task(domain, i) for i in range(count)]
@@ -156,6 +163,7 @@ class MLE(Domain):
     """
 
     validity_predicates = ("mle_well_formed", "mle_achievable")
+    sandbox_runs = "repositories"
     component_options: ClassVar[dict[str, tuple[str, str]]] = {"sandbox_options": ("sandboxes", "sandbox")}
     #: reached by solutions, not by task texts: the grader's verdict lists them (``diagnostics["markers"]``)
     workflow_markers = MARKERS
@@ -181,17 +189,10 @@ class MLE(Domain):
             defaults["hide"] = hidden_folders(environment)
         self.sandbox_options = {**defaults, **options}
         self.secret = secret or stored_secret(cache_dir() / "mle")
-        self._sandbox = None
         self._files = tempfile.TemporaryDirectory(prefix="propel-mle-")
         self._references: dict[tuple[str, str, str], Rollout] = {}
         self._lock, self._reference_lock = threading.Lock(), threading.Lock()
         self._contexts = _contexts(num_contexts, seed)
-
-    @property
-    def sandbox(self):
-        if self._sandbox is None:
-            self._sandbox = self.registry.repository_sandbox(self.sandbox_name, **self.sandbox_options)
-        return self._sandbox
 
     # -- the generator's side ----------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from propel_core.errors import PropelError
+from propel_core import PropelError
 
 GIT_IDENTITY = ["-c", "user.name=propel", "-c", "user.email=propel@localhost"]
 

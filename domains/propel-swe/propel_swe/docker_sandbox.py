@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path, PurePosixPath
 
-from propel_core.errors import PropelError
+from propel_core import PropelError
 from propel_plugins.sandbox import OUT_DIR, SandboxResult, SandboxUnavailable
 
 log = logging.getLogger(__name__)

@@ -21,11 +21,19 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
-from propel_core.domain import Domain, Messages, ParseError, Reply, Verdict
-from propel_core.embedded import cache_dir
-from propel_core.errors import PropelError
-from propel_core.execution import job_seed
-from propel_core.records import Context, Task, Validity
+from propel_core import (
+    Context,
+    Domain,
+    Messages,
+    ParseError,
+    PropelError,
+    Reply,
+    Task,
+    Validity,
+    Verdict,
+    cache_dir,
+    job_seed,
+)
 from propel_swe import agent
 from propel_swe.procedural import Mutants, source_files
 from propel_swe.repos import RepoSpec, load_registry
@@ -51,6 +59,7 @@ RESET_HISTORY = (
 class SWE(Domain):
     multi_turn = True
     validity_predicates = ("swe_bug",)
+    sandbox_runs = "repositories"
     component_options: ClassVar[dict[str, tuple[str, str]]] = {"sandbox_options": ("sandboxes", "sandbox")}
 
     def __init__(
@@ -85,7 +94,6 @@ class SWE(Domain):
             raise PropelError(f"hidden_failing_tests is a share in [0, 1), not {hidden_failing_tests!r}")
         self.hidden_failing_tests = hidden_failing_tests
         self.preflight_dir = Path(preflight_dir) if preflight_dir else cache_dir() / "swe" / "preflight"
-        self._sandbox = None
         self._baselines: dict[str, Baseline] = {}
         self._sources: dict[str, dict[str, str]] = {}
         self._mutants: dict[tuple[str, int], Mutants] = {}  # (repository, order seed) -> its mutants
@@ -94,17 +102,9 @@ class SWE(Domain):
 
     # -- repositories -------------------------------------------------------------------------------
 
-    @property
-    def sandbox(self):
-        with self._cache_lock:
-            if self._sandbox is None:
-                if self.registry is None:
-                    raise PropelError(
-                        "the swe domain gets its sandbox from the registry; create it with Registry.domain"
-                    )
-                faketime_library()  # the clock recheck needs it: fail closed, naming the package
-                self._sandbox = self.registry.repository_sandbox(self.sandbox_name, **self.sandbox_options)
-            return self._sandbox
+    def make_sandbox(self):
+        faketime_library()  # the clock recheck needs it: fail closed, naming the package
+        return super().make_sandbox()
 
     def baseline(self, repo: RepoSpec, force: bool = False) -> Baseline:
         """The repository's preflight, run once and cached by repository state and test command (the

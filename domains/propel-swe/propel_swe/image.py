@@ -17,7 +17,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from propel_core.errors import PropelError
+from propel_core import PropelError
 
 TOOLS = (
     "bash",

@@ -44,8 +44,7 @@ def register_commands(cli):
     def preflight(ctx: click.Context, config: str, overrides: tuple[str, ...], force: bool) -> None:
         """Run every repository's suite once on its clean checkout; keep those with status ok, tests > 0
         and at most one baseline failure -> RUN/swe/preflight.json. Reads CONFIG with key=value OVERRIDES."""
-        from propel_core.cli import start
-        from propel_core.errors import PropelError
+        from propel_core import PropelError, start
 
         run = start(ctx, [config], overrides)
         domain = run.domain()
@@ -91,8 +90,7 @@ def register_commands(cli):
         """Try the verifier on each repository before training on it: verify its first BUGS procedural
         bugs; each valid bug's revert must solve it, a change that does nothing and a README edit must
         not, and the revert written in ordinary shapes of fix must solve the first -> RUN/swe/verdicts.json."""
-        from propel_core.cli import start
-        from propel_core.errors import PropelError
+        from propel_core import PropelError, start
         from propel_swe.verdicts import FIX_SHAPES, survey
 
         run = start(ctx, [config], overrides)

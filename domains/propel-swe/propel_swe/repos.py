@@ -18,7 +18,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from propel_core.errors import PropelError
+from propel_core import PropelError
 
 
 class RepoSpec(BaseModel):

@@ -17,8 +17,7 @@ import json
 import time
 from typing import Any
 
-from propel_core.domain import ParseError
-from propel_core.records import Context
+from propel_core import Context, ParseError
 from propel_swe.procedural import unified_diff
 from propel_swe.verifier import apply_diffs, workspace
 

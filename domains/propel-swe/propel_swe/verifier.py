@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from propel_core.errors import PropelError
+from propel_core import PropelError
 from propel_plugins.sandbox import OUT_DIR
 from propel_swe.diffs import change_problems, is_test_path, run_problems
 from propel_swe.guard import written_lines
