@@ -48,7 +48,8 @@ def main() -> None:
             found = survey(domain, name, args.bugs)
             shapes = found["shapes_solved"]
             print(
-                f"  valid {found['valid']}/{found['bugs']}, reverts solved {found['reverts_solved']}/{found['valid']}, "
+                f"  valid {found['valid']}/{found['bugs']} ({found['replayed']} with a replay), "
+                f"reverts solved {found['reverts_solved']}/{found['valid']}, "
                 f"no-ops solved {found['no_ops_solved']}, README edits solved {found['readme_edits_solved']}, "
                 f"fix shapes solved {sum(shapes.values())}/{len(FIX_SHAPES) if shapes else 0}, {found['seconds']:.0f} s"
             )

@@ -17,8 +17,8 @@ builds one); six is copied into each container.
 
 ``--layers`` also times the verification of the valid bug and the grading of its revert with each
 layer of the verdict switched off in turn (the guard, the second runner and its clock rechecks, the
-screen; docs/swe.md, "Three layers"; and each test's own time limit), all arms interleaved in one
-run: what each layer costs.
+screen, the replay; docs/swe.md, "Four layers"; and each test's own time limit), all arms
+interleaved in one run: what each layer costs.
 """
 
 import argparse
@@ -33,6 +33,7 @@ from timing import compare, report
 
 from propel_core.config import ModelConfig, validate_config
 from propel_core.embedded import cache_dir
+from propel_core.errors import PropelError
 from propel_core.plugins import Registry
 from propel_core.records import Context
 from propel_core.worker import model_reply
@@ -62,6 +63,11 @@ def first_runner_again(ws, repo, tests, time_limit, shift_clock=0, guarding=None
     return {test: suite.tests.get(test, f"no answer ({suite.status})") for test in tests}
 
 
+def no_replay(*args, **kwargs):
+    """The replay switched off: a bug records no calls, so its fix is judged without them."""
+    raise PropelError("the replay is off")
+
+
 #: arm -> the verifier's attributes replaced for it
 LAYERS = {
     "all layers": {},
@@ -69,6 +75,7 @@ LAYERS = {
     "no second runner": {"second_run": first_runner_again},
     "no screen": {"screen": lambda before, after, original=None: []},
     "no test time limits": {"time_limits": lambda baseline: {}},
+    "no replay": {"record_calls": no_replay},
 }
 
 

@@ -21,6 +21,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import ValidationError
+
 from propel_core import (
     Context,
     Domain,
@@ -36,6 +38,7 @@ from propel_core import (
 )
 from propel_swe import agent
 from propel_swe.procedural import Mutants, source_files
+from propel_swe.replay import Replay
 from propel_swe.repos import RepoSpec, load_registry
 from propel_swe.verifier import (
     Baseline,
@@ -254,6 +257,8 @@ class SWE(Domain):
         repo = self.repos[payload["repo"]]
         check = verify_bug(self.sandbox, repo, self.baseline(repo), payload["diff"], self.clean_sources(repo))
         payload["failing_tests"] = check.failing_tests
+        if check.replay is not None:
+            payload["replay"] = check.replay.model_dump()
         payload["verification"] = {"seconds": round(check.seconds, 3), "outcomes": check.outcomes}
         return Validity(valid=check.valid, reason=check.reason)
 
@@ -324,10 +329,20 @@ class SWE(Domain):
         baseline = self.baseline(repo)
         try:
             failing = node_ids(payload.get("failing_tests") or [], baseline)
+            replay = Replay.model_validate(payload["replay"]) if "replay" in payload else None
         except PropelError as exc:
             return Verdict(None, str(exc))
+        except ValidationError as exc:
+            return Verdict(None, f"the task's replay cannot be read ({exc.error_count()} problems): verify it again")
         solved, reason, diagnostics = grade_fix(
-            self.sandbox, repo, baseline, payload["diff"], record["diff"], self.clean_sources(repo), failing
+            self.sandbox,
+            repo,
+            baseline,
+            payload["diff"],
+            record["diff"],
+            self.clean_sources(repo),
+            failing,
+            replay,
         )
         if "judged_by" in diagnostics:
             diagnostics["judged_by"]["hidden_from_the_solver"] = self.hidden_tests(payload)

@@ -19,6 +19,7 @@ from typing import Any
 
 from propel_core import Context, ParseError
 from propel_swe.procedural import unified_diff
+from propel_swe.replay import Replay
 from propel_swe.verifier import apply_diffs, workspace
 
 #: name -> (the standard import it needs, code appended to the file the bug is in)
@@ -55,8 +56,9 @@ def shaped(source: str, shape: str) -> str:
 
 def survey(domain, repo_name: str, bugs: int, shapes: bool = True, progress=None) -> dict[str, Any]:
     """Verify the first ``bugs`` procedural bugs of ``repo_name`` (the domain's mutants in the order
-    seeded 0) and grade the fixes described above; ``progress(1)`` after each bug. Returns counts,
-    each bug's verdicts and the seconds spent."""
+    seeded 0) and grade the fixes described above; ``progress(1)`` after each bug. Returns counts
+    (``replayed``: valid bugs with calls a fix is also judged on outside the tests), each bug's
+    verdicts and the seconds spent."""
     repo = domain.repos[repo_name]
     started = time.monotonic()
     rows, shaped_fixes = [], {}
@@ -69,6 +71,7 @@ def survey(domain, repo_name: str, bugs: int, shapes: bool = True, progress=None
             break
         validity = domain.verify(payload)
         row = {"bug": payload["turns"][0].splitlines()[0], "valid": validity.valid, "reason": validity.reason}
+        row["replayed"] = Replay.model_validate(payload["replay"]).judged if "replay" in payload else 0
         if validity.valid:
             path = domain.topic(payload).split(":", 1)[1]
             clean = domain.clean_sources(repo)[path]
@@ -96,6 +99,7 @@ def survey(domain, repo_name: str, bugs: int, shapes: bool = True, progress=None
         "repo": repo.name,
         "bugs": len(rows),
         "valid": len(valid),
+        "replayed": sum(row["replayed"] > 0 for row in valid),
         "reverts_solved": count("revert", True),
         "no_ops_solved": count("no_op", True),
         "readme_edits_solved": count("readme_edit", True),

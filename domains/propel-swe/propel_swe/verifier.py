@@ -25,6 +25,20 @@ from propel_core import PropelError
 from propel_plugins.sandbox import OUT_DIR
 from propel_swe.diffs import change_problems, is_test_path, run_problems
 from propel_swe.guard import written_lines
+from propel_swe.replay import (
+    CALL_SECONDS,
+    RECORDER,
+    REPLAYER,
+    TIMEOUT,
+    VARIANTS,
+    Replay,
+    answers_of,
+    differing,
+    in_order,
+    of_the_original,
+    recording_orders,
+    told,
+)
 from propel_swe.report import OUTCOMES, PLUGIN, SNAPSHOT, read_report
 from propel_swe.repos import RepoSpec
 from propel_swe.screen import screen
@@ -35,6 +49,15 @@ MIN_SUITE_SECONDS, SUITE_BUDGET_FACTOR = 30.0, 10.0  # a verification's budget f
 MIN_TEST_SECONDS, TEST_TIME_FACTOR = 5.0, 20.0  # a test's time limit from its own duration (``time_limits``)
 SECOND_RUNNER = (Path(__file__).parent / "second_runner.py").read_bytes()
 GUARD = (Path(__file__).parent / "guard.py").read_bytes()
+#: run as ``python -I -S`` in the checkout: removes the git history and everything in the harness's folder argv[1]
+SEAL = """
+import os, shutil, sys
+for path in [".git"] + [os.path.join(sys.argv[1], name) for name in os.listdir(sys.argv[1])]:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+"""
 #: a src layout (code under src/, no package there) is importable as an installed package would be
 SRC_LAYOUT = (
     'if [ -d src ] && [ ! -e src/__init__.py ]; then export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/src"; fi'
@@ -105,12 +128,12 @@ def suite_budget(repo: RepoSpec, baseline: Baseline) -> float:
     return min(repo.time_budget, max(MIN_SUITE_SECONDS, SUITE_BUDGET_FACTOR * baseline.duration))
 
 
-def test_environment(repo: RepoSpec) -> tuple[str, str]:
-    """(shell lines that enter the checkout and set the tests' environment as the registry gives it,
-    a src layout on ``PYTHONPATH``; the test command without its leading assignments): where both
-    runners start."""
+def test_environment(repo: RepoSpec, where: str | None = None) -> tuple[str, str]:
+    """(shell lines that enter the checkout, or the folder ``where`` (shell text) holding a copy of
+    it, and set the tests' environment as the registry gives it, a src layout on ``PYTHONPATH``; the
+    test command without its leading assignments): where both runners and the replayer start."""
     lines, command = repo.test_environment()
-    return "\n".join([f"cd {shlex.quote(repo.workdir)}", *lines, SRC_LAYOUT]), command
+    return "\n".join([f"cd {where or shlex.quote(repo.workdir)}", *lines, SRC_LAYOUT]), command
 
 
 def run_suite(
@@ -218,6 +241,7 @@ class Check(BaseModel):
     failing_tests: list[str] = Field(default_factory=list)
     outcomes: dict[str, int] = Field(default_factory=dict)
     seconds: float = 0.0
+    replay: Replay | None = Field(None, description="what a fix must answer again outside the tests (``replay``)")
 
 
 def apply_diffs(ws, diffs: list[str]) -> str | None:
@@ -243,7 +267,10 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str, sources: 
     report plugin, leaves tests, their configuration and code untouched, collects exactly the
     baseline's tests, and at least one test that passed in the baseline now fails inside the test
     (not in collection or set-up); and each such test (up to ``RECHECKS``) fails again run alone in
-    a fresh process, under both runners (``recheck_failures``)."""
+    a fresh process, under both runners (``recheck_failures``); and where the calls its failing tests
+    make into the repository could be recorded (``record_calls``), the bug's code answers at least one
+    of them otherwise than the original, outside the tests (``replay``). ``Check.replay`` holds those
+    calls and the original's answers."""
     started = time.monotonic()
 
     def invalid(reason: str, **fields: Any) -> Check:
@@ -268,6 +295,7 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str, sources: 
         if refused := screened(ws, sources or {}, clean, applied):
             return invalid(f"the screen refuses: {'; '.join(refused[:5])}")
         guarding = guard_orders(written_by(ws, sources or {}, clean, applied), baseline)
+        seal(ws)
         suite, problems = checked_run(ws, repo, budget, applied, guarding=guarding)
         if problems:
             return invalid("; ".join(problems[:5]))
@@ -291,7 +319,26 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str, sources: 
         return invalid(reason, outcomes=outcomes)
     if reason := recheck_failures(sandbox, repo, diff, failing[:RECHECKS], budget, guarding):
         return invalid(reason, outcomes=outcomes)
-    return Check(valid=True, failing_tests=failing, outcomes=outcomes, seconds=time.monotonic() - started)
+    try:
+        replay = record_calls(sandbox, repo, baseline, failing, budget)
+    except PropelError:  # the original code could not be recorded or replayed: no calls to judge on
+        replay = Replay()
+    if replay.judged:
+        try:
+            answers = change_answers(sandbox, repo, [diff], replay, budget, guarding)
+        except PropelError as exc:
+            return invalid(f"the bug's replay could not run: {exc}", outcomes=outcomes)
+        if answers is None:
+            return invalid("the bug's code gave no answer to the calls its failing tests make outside the tests")
+        if replay.recorded_all and not differing(replay, answers, of_a_fix=False):
+            return invalid(
+                f"the bug changes no answer to the {replay.judged} calls its failing tests make into the "
+                "repository, made again outside the tests",
+                outcomes=outcomes,
+            )
+    return Check(
+        valid=True, failing_tests=failing, outcomes=outcomes, seconds=time.monotonic() - started, replay=replay
+    )
 
 
 def recheck_failures(
@@ -308,7 +355,9 @@ def recheck_failures(
         with workspace(sandbox, repo) as ws:
             if reason := apply_diffs(ws, [diff]):
                 return reason
-            alone, problems = checked_run(ws, repo, budget, snapshot(ws), [test], guarding)
+            applied = snapshot(ws)
+            seal(ws)
+            alone, problems = checked_run(ws, repo, budget, applied, [test], guarding)
             if alone.status != "ok":
                 return f"{test} run alone: the suite did not run ({alone.status}): {alone.detail}"
             if problems:
@@ -333,6 +382,7 @@ def grade_fix(
     fix: str,
     sources: dict[str, str] | None = None,
     failing_tests: list[str] | None = None,
+    replay: Replay | None = None,
 ) -> tuple[bool | None, str | None, dict[str, Any]]:
     """(solved, reason, diagnostics): solved iff, on a clean checkout with the bug and then the fix
     applied, every test that passed in the baseline passes again, and the bug's failing tests
@@ -340,7 +390,9 @@ def grade_fix(
     rules: it must apply, change something, only modify source files the suite imports, pass the
     static screen (``sources``: the clean checkout's code), and the run must leave tests, their
     configuration and code untouched and report untampered within the budget the bug alone ran in;
-    otherwise it is not solved. None (ungradable) only when the sandbox itself failed."""
+    and with a ``replay`` (``verify_bug``), the fixed code must give the original's answer to each of
+    its calls, outside the tests, on a fresh checkout (``change_answers``); otherwise it is not solved.
+    None (ungradable) only when the sandbox itself failed."""
     started = time.monotonic()
     allowed, budget = _allowed(baseline), suite_budget(repo, baseline)
     with workspace(sandbox, repo) as ws:
@@ -364,6 +416,10 @@ def grade_fix(
         if refused := screened(ws, {**(sources or {}), **buggy_sources}, buggy, fixed, sources):
             return False, f"fix refused by the screen: {'; '.join(refused[:5])}", {}
         guarding = guard_orders(written_by(ws, sources or {}, clean, fixed), baseline)
+        try:
+            seal(ws)
+        except PropelError as exc:
+            return None, str(exc), {}
         suite, problems = checked_run(ws, repo, budget, fixed, guarding=guarding)
         if problems:
             return False, "; ".join(problems[:5]), {}
@@ -386,11 +442,24 @@ def grade_fix(
                 diagnostics,
             )
         rechecked = list(failing_tests or [])
-        diagnostics["judged_by"] = {"suite": len(passed_before), "second_runner": rechecked}
+        judged = replay.judged if replay is not None else 0
+        diagnostics["judged_by"] = {"suite": len(passed_before), "second_runner": rechecked, "replayed": judged}
         for test, second in (second_run(ws, repo, rechecked, budget, guarding=guarding) if rechecked else {}).items():
             if second != "passed":
                 reason = f"{test} does not pass under the second runner ({second}); the runners disagree"
                 return False, reason, diagnostics
+    if judged:
+        try:
+            answers = change_answers(sandbox, repo, [bug, fix], replay, budget, guarding)
+        except PropelError as exc:
+            return None, str(exc), diagnostics
+        if wrong := differing(replay, answers, of_a_fix=True):
+            return (
+                False,
+                f"{len(wrong)} of the {judged} calls the bug's failing tests make answer otherwise outside the "
+                f"tests; first, {told(replay, answers, wrong[0])}",
+                diagnostics,
+            )
     diagnostics["seconds"] = time.monotonic() - started
     return True, None, diagnostics
 
@@ -435,49 +504,152 @@ def second_run(
     shift_clock: int = 0,
     guarding: dict[str, Any] | None = None,
 ) -> dict[str, str]:
-    """The ``tests``' outcomes under the second runner (``second_runner``), in one fresh process
-    whose environment is the tests' own (``test_environment``: the registry's variables and
-    ``PYTHONPATH``, nothing of propel's), started from a file in a fresh folder of its own with the
-    guard beside it (``guarding``: what the guard is told), answering with a per-run nonce on a
-    per-run descriptor; with ``shift_clock`` (seconds), under libfaketime with the clock moved that
-    far ahead. Each outcome is passed, failed, skipped, error or tampered (the change replaced what
-    judges a test), or why no trustworthy answer came."""
-    source, nonce = f"{OUT_DIR}/{secrets.token_hex(8)}", secrets.token_hex(16)
-    fd = 4 + secrets.randbelow(6)  # not 3, the first runner's; bash keeps 10 and up for itself
-
-    def no_answer(why: str) -> dict[str, str]:
-        return dict.fromkeys(tests, f"no answer ({why})")
-
-    made = ws.run(f"mkdir -m 755 {source}")
-    if made.returncode != 0:
-        return no_answer(f"could not prepare the run: {made.stderr.strip()[-200:]}")
-    name, orders_name, guard = f"r{secrets.token_hex(6)}", f"o{secrets.token_hex(6)}", f"g{secrets.token_hex(6)}"
-    orders = {"tests": tests, "root": repo.workdir, "nonce": nonce, "fd": fd, "guard": guard, **(guarding or {})}
-    ws.write(f"{source}/runner.py", SECOND_RUNNER)
-    ws.write(f"{source}/guard.py", GUARD)
-    ws.write(f"{source}/orders.json", json.dumps(orders).encode())
+    """The ``tests``' outcomes under the second runner (``second_runner``), in a fresh process of its
+    own (``fresh_process``) with the guard beside it (``guarding``: what the guard is told); with
+    ``shift_clock`` (seconds), under libfaketime with the clock moved that far ahead. Each outcome is
+    passed, failed, skipped, error or tampered (the change replaced what judges a test), or why no
+    trustworthy answer came."""
     clock = ""
     if shift_clock:  # libfaketime preloaded: the faketime wrapper needs shared memory the sandbox does not give
-        clock = f"LD_PRELOAD={faketime_library()} FAKETIME=+{int(shift_clock)} "
-    prelude, _ = test_environment(repo)
+        clock = f"LD_PRELOAD={faketime_library()} FAKETIME=+{int(shift_clock)}"
+    orders = {"tests": tests, "root": repo.workdir, **(guarding or {})}
+    line, why = fresh_process(ws, repo, SECOND_RUNNER, orders, time_limit, clock)
+    outcomes = line.split(" ") if line is not None else []
+    if line is not None and (len(outcomes) != len(tests) or not set(outcomes) <= {*OUTCOMES, "tampered"}):
+        why = "not one outcome a test"
+    if why:
+        return dict.fromkeys(tests, f"no answer ({why})")
+    return dict(zip(tests, outcomes, strict=True))
+
+
+def fresh_process(
+    ws,
+    repo: RepoSpec,
+    script: bytes,
+    orders: dict[str, Any],
+    time_limit: float,
+    assignments: str = "",
+    elsewhere: bool = False,
+) -> tuple[str | None, str]:
+    """Run one of our scripts (the second runner, the replayer) in one fresh process whose environment
+    is the tests' own (``test_environment``: the registry's variables and ``PYTHONPATH``, nothing of
+    propel's, and ``assignments``), started from a file in a fresh folder of its own with the guard
+    beside it, each under a name drawn per run. It reads ``orders`` (to which the guard's module name,
+    a per-run nonce and descriptor are added) and answers with one line on that descriptor, which
+    must start with the nonce. ``elsewhere``: it runs in a copy of the checkout in that fresh folder,
+    under a name drawn per run, not where the runners run. (what follows the nonce, ""), or (None, why no
+    trustworthy answer came)."""
+    source, nonce = f"{OUT_DIR}/{secrets.token_hex(8)}", secrets.token_hex(16)
+    fd = 4 + secrets.randbelow(6)  # not 3, the first runner's; bash keeps 10 and up for itself
+    made = ws.run(f"mkdir -m 755 {source}")
+    if made.returncode != 0:
+        return None, f"could not prepare the run: {made.stderr.strip()[-200:]}"
+    name, orders_name, guard = f"r{secrets.token_hex(6)}", f"o{secrets.token_hex(6)}", f"g{secrets.token_hex(6)}"
+    ws.write(f"{source}/runner.py", script)
+    ws.write(f"{source}/guard.py", GUARD)
+    ws.write(f"{source}/orders.json", json.dumps({**orders, "nonce": nonce, "fd": fd, "guard": guard}).encode())
+    copy = f"$d/w{secrets.token_hex(6)}"
+    prelude, _ = test_environment(repo, copy if elsewhere else None)
+    copied = f" && cp -a {shlex.quote(repo.workdir)}/. {copy}" if elsewhere else ""
     variables = " ".join(f'"{variable}=${variable}"' for variable in repo.variables() if variable != "PYTHONPATH")
     command = (
         f"python=$(command -v python) && d=$(mktemp -d) && cp {source}/runner.py $d/{name}.py && "
         f"cp {source}/guard.py $d/{guard}.py && cp {source}/orders.json $d/{orders_name}.json && "
-        f"rm -rf {source} || exit 1\n{prelude}\n"
+        f"rm -rf {source}{copied} || exit 1\n{prelude}\n"
         f'env -i PATH=/usr/bin:/bin HOME=$d LANG=C.UTF-8 {variables} ${{PYTHONPATH:+"PYTHONPATH=$PYTHONPATH"}} '
-        f"{clock}$python -s -B $d/{name}.py $d/{orders_name}.json {fd}>&1 >$d/log 2>&1"
+        f"{assignments} $python -s -B $d/{name}.py $d/{orders_name}.json {fd}>&1 >$d/log 2>&1"
     )
     result = ws.run(command, time_limit=time_limit)
     if result.status not in ("ok", "error"):
-        return no_answer(result.status)
+        return None, result.status
     lines = result.stdout.splitlines()
     if len(lines) != 1 or not lines[0].startswith(nonce + " "):
-        return no_answer(f"{len(lines)} lines on its descriptor")
-    outcomes = lines[0][len(nonce) + 1 :].split(" ")
-    if len(outcomes) != len(tests) or not set(outcomes) <= {*OUTCOMES, "tampered"}:
-        return no_answer("not one outcome a test")
-    return dict(zip(tests, outcomes, strict=True))
+        return None, f"{len(lines)} lines on its descriptor"
+    return lines[0][len(nonce) + 1 :], ""
+
+
+def record_calls(sandbox, repo: RepoSpec, baseline: Baseline, tests: list[str], budget: float) -> Replay:
+    """The replay of a bug (``replay``): on a fresh clean checkout, the calls its failing ``tests``
+    make into the repository's imported source files, recorded by the recorder plugin in a run of the
+    test command; then the original code's answers to them, twice, each in a fresh process (the first
+    also making calls of its own, ``VARIANTS`` per recorded call, from a seed drawn here). A
+    PropelError where the recording or the replays could not run."""
+    with workspace(sandbox, repo) as ws:
+        folder, plugin = f"{OUT_DIR}/record-{secrets.token_hex(8)}", f"r{secrets.token_hex(6)}"
+        if ws.run(f"mkdir -m 755 {folder}").returncode != 0:
+            raise PropelError("could not prepare the recording")
+        ws.write(f"{folder}/{plugin}.py", RECORDER)
+        orders = recording_orders(repo.workdir, tests, baseline.imported_files, f"{folder}/calls.json")
+        ws.write(f"{folder}/orders.json", json.dumps(orders).encode())
+        prelude, test_command = test_environment(repo)
+        ran = ws.run(
+            f"{prelude}\nexport PYTHONPATH={folder}${{PYTHONPATH:+:$PYTHONPATH}} "
+            f"PYTEST_PLUGINS={plugin}${{PYTEST_PLUGINS:+,$PYTEST_PLUGINS}}\n{{ {test_command}\n}} >{folder}/log 2>&1",
+            time_limit=budget,
+        )
+        try:
+            written = json.loads(ws.read(f"{folder}/calls.json"))
+            recorded, skipped, paths = written["calls"], written["skipped"], written["paths"]
+        except (OSError, PropelError, ValueError, KeyError, TypeError) as exc:
+            raise PropelError(f"the recording wrote no calls ({ran.status}): {exc}") from exc
+        seal(ws)
+        calls = [call["call"] for call in recorded]
+        first = replay_answers(ws, repo, Replay(calls=calls, paths=paths), budget, None, secrets.randbits(64))
+        if first is None:
+            raise PropelError("the original code gave no answer to the recorded calls")
+        answered = [
+            (call, answer)
+            for call, answer in zip(in_order(recorded, first["made"]), first["answers"], strict=False)
+            if answer[1] != TIMEOUT  # a change's replay would end there: the call is not made again
+        ]
+        kept = Replay(calls=[call for (call, _), _ in answered], paths=paths)
+        second = replay_answers(ws, repo, kept, budget, None)
+    calls_made, answers = [call for call, _ in answered], [answer for _, answer in answered]
+    return of_the_original(calls_made, answers, second, paths, not skipped and len(answered) == len(first["answers"]))
+
+
+def change_answers(
+    sandbox, repo: RepoSpec, diffs: list[str], replay: Replay, budget: float, guarding: dict[str, Any]
+) -> list[list[str]] | None:
+    """What the code with ``diffs`` applied answers to the calls of ``replay`` (``replay_answers``),
+    on a fresh checkout that has never run it (nothing a run of the suite left in a checkout reaches
+    the replay), sealed (``seal``); None where no trustworthy answer came."""
+    with workspace(sandbox, repo) as ws:
+        if apply_diffs(ws, diffs):
+            return None
+        seal(ws)
+        answered = replay_answers(ws, repo, replay, budget, guarding)
+    return answered["answers"] if answered is not None else None
+
+
+def replay_answers(
+    ws, repo: RepoSpec, replay: Replay, budget: float, guarding: dict[str, Any] | None, seed: int | None = None
+) -> dict[str, Any] | None:
+    """What the replayer answers to the calls of ``replay`` in a fresh process on checkout ``ws``
+    (``replay.answers_of``), or None where no trustworthy answer came. ``guarding``: what the guard is
+    told about a change, whose replay ends at its first call past its time; None for the original
+    code, which makes every call."""
+    orders = {
+        "calls": replay.calls,
+        "paths": replay.paths,
+        "root": None,  # the copy of the checkout it runs in
+        "time_limit": CALL_SECONDS,
+        "seed": seed,
+        "variants": VARIANTS,
+        "stop_when_late": guarding is not None,
+    }
+    line, _ = fresh_process(ws, repo, REPLAYER, {**orders, **(guarding or {})}, budget, elsewhere=True)
+    return answers_of(line) if line is not None else None
+
+
+def seal(ws) -> None:
+    """Leave nothing of the original code in the checkout before a change's code runs in it: its git
+    history (git's objects hold the clean files, which a change could load and run where they are)
+    and everything in the harness's folder (the diffs applied, the bug's among them, which read
+    backwards is the clean code)."""
+    removed = ws.run(f"python -I -S -c {shlex.quote(SEAL)} {OUT_DIR}")
+    if removed.returncode != 0:
+        raise PropelError(f"could not clear the checkout for the change: {removed.stderr.strip()[-300:]}")
 
 
 def changed_sources(ws, old: dict[str, str], new: dict[str, str]) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """Shared fixtures: the tiny repository written for these tests, and six 1.17.0 from its PyPI sdist."""
 
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,21 @@ from propel_swe.checkout import git_checkout, python_environment, sdist_checkout
 
 DATA = Path(__file__).parent / "data"
 SIX = "six==1.17.0"
+
+
+@pytest.fixture
+def verdict_deadline():
+    """A verdict that hangs (a FIFO the harness would block on, a replay that never answers) fails
+    the test instead of the run."""
+
+    def expired(*_):
+        raise TimeoutError("the verdict did not come within 300 s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(300)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
 
 
 def needs_local_sandbox():

@@ -6,13 +6,16 @@ ways git reads differently from a header parser, by hijacking the runner or its 
 tampering with files while the suite runs, or by forging the report. Each must be refused.
 """
 
+import difflib
 import json
-import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from swe_helpers import BUG, reverted
+
+from propel_core.errors import PropelError
+from propel_swe.replay import Replay
 
 FAIL_CLAMP = (
     "import pytest\n\n\n@pytest.hookimpl(tryfirst=True)\ndef pytest_runtest_call(item):\n"
@@ -144,18 +147,7 @@ RUN_BUGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def deadline():
-    """A verdict that hangs (a FIFO the harness would block on) fails the test instead of the run."""
-
-    def expired(*_):
-        raise TimeoutError("the verdict did not come within 240 s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(240)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+pytestmark = pytest.mark.usefixtures("verdict_deadline")
 
 
 @pytest.fixture
@@ -267,7 +259,8 @@ def test_verdicts_are_the_same_graded_in_many_threads(fresh_tiny_domain):
 
 
 # -- the in-process forgeries each layer must stop on its own (issue: verdicts that hold both ways).
-# Each is a few lines appended to tinystats/__init__.py, an edit the rules allow. ---
+# Each is a few lines appended to tinystats/__init__.py, an edit the rules allow, or an edit in place
+# of the function the bug is in (``edit_core``). ---
 
 CLAMP = "tests/test_core.py::test_clamp"
 ALL_TESTS = [f"tests/test_core.py::{line[4:-3]}" for line in TESTS if line.startswith("def test_")]
@@ -393,6 +386,81 @@ FORGED_FIXES["equal_to_everything_by_assignment"] = (
     "class _Any:\n    pass\n\n\n_Any.__eq__ = lambda self, other: True\n\n\n"
     "def clamp(value, low, high):\n    return _Any()\n"
 )
+CORE = (Path(__file__).parent / "data" / "tinystats" / "tinystats" / "core.py").read_text()
+BUGGY_CORE = CORE.replace("    if value > high:", "    if value > low:")
+
+
+def as_diff(attack: str) -> str:
+    """An attack as a diff: code appended to tinystats/__init__.py, or already a diff (``edit_core``)."""
+    return attack if attack.startswith("--- a/") else edit_init(attack)
+
+
+def edit_core(before: str, old: str, new: str) -> str:
+    """A diff that replaces the line ``old`` of tinystats/core.py (as ``before`` holds it) with ``new``."""
+    after = before.replace(old, new)
+    assert after != before
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), "a/tinystats/core.py", "b/tinystats/core.py"
+    )
+    return "".join(lines)
+
+
+# in place, in the function the bug broke: right only where a test's caller or its inputs are seen
+FORGED_FIXES["right_in_place_only_for_a_test_caller"] = edit_core(
+    BUGGY_CORE,
+    "def clamp(value, low, high):\n",
+    TEST_CALLER.replace("_sys.", "__import__('sys').") + "def clamp(value, low, high):\n"
+    "    if _tested():\n        return low if value < low else high if value > high else value\n",
+)
+# the original function loaded from the checkout's git objects (they hold the clean code), in place;
+# or kept, while the suite runs, in a data file for a later run on the same checkout to load
+FROM_HISTORY = (
+    "def _source():\n    import os, zlib\n"
+    "    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '.git', 'objects')\n"
+    "    for folder in sorted(os.listdir(root)) if os.path.isdir(root) else []:\n"
+    "        for name in os.listdir(os.path.join(root, folder)) if len(folder) == 2 else []:\n"
+    "            with open(os.path.join(root, folder, name), 'rb') as handle:\n"
+    "                data = zlib.decompress(handle.read())\n"
+    "            if data.startswith(b'blob') and b'if value > high:' in data:\n"
+    "                return data.split(b'\\0', 1)[1].decode()\n    return None\n\n\n"
+)
+KEPT = (
+    "def _kept(text):\n    import os\n"
+    "    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'kept.txt')\n"
+    "    if text is not None:\n        with open(path, 'w') as handle:\n            handle.write(text)\n"
+    "    elif os.path.exists(path):\n        with open(path) as handle:\n            text = handle.read()\n"
+    "    return text\n\n\n"
+)
+
+
+def running_the_original(source: str) -> str:
+    """A clamp that runs the original clamp whose source ``source`` (an expression) finds, if it does."""
+    return (
+        f"def clamp(value, low, high):\n    _text = {source}\n    if _text is not None:\n        _space = {{}}\n"
+        "        exec(_text, _space)\n        return _space['clamp'](value, low, high)\n"
+    )
+
+
+# no layer's to stop: nothing of the original is left in a checkout before a change's code runs there
+ORIGINAL_AT_HAND = {}
+ORIGINAL_AT_HAND["loaded_from_the_git_history"] = edit_core(
+    BUGGY_CORE, "def clamp(value, low, high):\n", FROM_HISTORY + running_the_original("_source()")
+)
+ORIGINAL_AT_HAND["kept_in_a_data_file_for_a_later_run"] = edit_core(
+    BUGGY_CORE, "def clamp(value, low, high):\n", FROM_HISTORY + KEPT + running_the_original("_kept(_source())")
+)
+
+
+@pytest.mark.parametrize("name", sorted(ORIGINAL_AT_HAND))
+def test_a_fix_that_runs_the_original_it_finds_in_the_checkout_does_not_solve(tiny_domain, name):
+    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": [CLAMP]}
+    verdict = tiny_domain.grade(payload, solver_attempt(ORIGINAL_AT_HAND[name]))
+    assert verdict.solved is False, verdict.reason
+
+
+FORGED_FIXES["right_in_place_only_for_the_inputs_the_tests_hold"] = edit_core(
+    BUGGY_CORE, "    if value > low:", "    if value > low and (value, low, high) != (5, 0, 10):"
+)
 BUGGY_CLAMP = "        return high if value > low else _clamp(value, low, high)\n"
 FAKE_BUGS = {
     # test_clamp reported failed while the code is unchanged (both passed the run-alone recheck)
@@ -426,6 +494,13 @@ FAKE_BUGS = {
         "def _fail():\n    raise AssertionError\n\n\n"
         "def _REPLACE(value):\n    return _fail if value.__name__.endswith('clamp') else value\n\n\n" + MODULE_CLASS
     ),
+    # wrong in place only when a test is the caller
+    "wrong_in_place_only_for_the_test": edit_core(
+        CORE,
+        "def clamp(value, low, high):\n",
+        TEST_CALLER.replace("_sys.", "__import__('sys').") + "def clamp(value, low, high):\n"
+        "    if _tested():\n        return high if value > low else low\n",
+    ),
     # 'failed' forged under both runners: wrong only when the test is the caller, right for everyone else
     "wrong_only_for_the_test": (
         "import sys as _sys\nfrom tinystats.core import clamp as _clamp\n\n\n"
@@ -437,27 +512,30 @@ FAKE_BUGS = {
 }
 # which layer stops each attack on its own; every other layer alone lets it through
 FIX_STOPPED_BY = {
-    "outcome_function_replaced": {"guard", "runners"},
-    "emitter_wrapped_through_a_traceback": {"guard", "runners"},
-    "runtest_made_a_no_op": {"guard", "runners"},
-    "plugin_registered_through_gc": {"guard", "runners"},
-    "stream_written_then_exit": {"guard", "runners"},
-    "json_encoder_patched": {"guard", "runners"},
-    "equal_to_everything": {"screen"},
-    "right_only_for_a_test_caller": {"guard"},
-    "answers_what_the_test_file_asks": {"guard"},
-    "passes_from_a_thread_started_by_a_fresh_thread_module": {"guard"},
-    "test_module_class_swapped": {"guard"},
-    "equal_to_everything_by_assignment": {"screen"},
+    "outcome_function_replaced": {"guard", "runners", "replay"},
+    "emitter_wrapped_through_a_traceback": {"guard", "runners", "replay"},
+    "runtest_made_a_no_op": {"guard", "runners", "replay"},
+    "plugin_registered_through_gc": {"guard", "runners", "replay"},
+    "stream_written_then_exit": {"guard", "runners", "replay"},
+    "json_encoder_patched": {"guard", "runners", "replay"},
+    "equal_to_everything": {"screen", "replay"},
+    "right_only_for_a_test_caller": {"guard", "replay"},
+    "answers_what_the_test_file_asks": {"guard", "replay"},
+    "passes_from_a_thread_started_by_a_fresh_thread_module": {"guard", "replay"},
+    "test_module_class_swapped": {"guard", "replay"},
+    "equal_to_everything_by_assignment": {"screen", "replay"},
+    "right_in_place_only_for_a_test_caller": {"guard", "replay"},
+    "right_in_place_only_for_the_inputs_the_tests_hold": {"replay"},
 }
 BUG_STOPPED_BY = {
-    "runtest_raises_for_one_test": {"guard", "runners"},
-    "plugin_registered_through_gc": {"guard", "runners"},
-    "only_under_pytest_plugins": {"screen", "runners"},
-    "broken_until_a_date": {"runners"},
-    "wrong_only_for_the_test": {"guard"},
-    "fails_from_a_thread_started_by_a_fresh_thread_module": {"guard"},
-    "test_module_class_swapped": {"guard"},
+    "runtest_raises_for_one_test": {"guard", "runners", "replay"},
+    "plugin_registered_through_gc": {"guard", "runners", "replay"},
+    "only_under_pytest_plugins": {"screen", "runners", "replay"},
+    "broken_until_a_date": {"runners", "replay"},
+    "wrong_only_for_the_test": {"guard", "replay"},
+    "fails_from_a_thread_started_by_a_fresh_thread_module": {"guard", "replay"},
+    "test_module_class_swapped": {"guard", "replay"},
+    "wrong_in_place_only_for_the_test": {"guard", "replay"},
 }
 INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, sees nothing changed
     b"class OutOfTime(BaseException):\n    pass\n\n\n"
@@ -467,16 +545,35 @@ INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, se
 )
 
 
-@pytest.fixture(params=["screen", "guard", "runners"])
+@pytest.fixture(scope="module")
+def replayed_bug(tiny_domain):
+    """The tiny repository's bug, verified with every layer as it ships: its failing tests, and the
+    calls they make with the original code's answers (the replay)."""
+    payload = {"repo": "tinystats", "diff": BUG, "turns": ["x"]}
+    assert tiny_domain.verify(payload).valid
+    assert Replay.model_validate(payload["replay"]).judged >= 3
+    return payload
+
+
+def no_replay(*args, **kwargs):
+    raise PropelError("the replay is off")
+
+
+@pytest.fixture(params=["screen", "guard", "runners", "replay"])
 def layer(request, monkeypatch, tiny_domain):
     """One layer on, the others off: the static screen; the guard (what the change's code may not
     do at run time, and the runners' check that what they call is unchanged); the second runner and
-    the rechecks (off, the first runner answers in its place). The preflight is made first, with
-    every layer as it ships (what the clean suite changes of the runners is recorded there)."""
+    the rechecks (off, the first runner answers in its place); the replay (off, a bug records no
+    calls and a fix is judged without them). The preflight is made first, with every layer as it
+    ships (what the clean suite changes of the runners is recorded there)."""
     from propel_swe import verifier
 
     tiny_domain.baseline(tiny_domain.repos["tinystats"])
 
+    if request.param != "replay":
+        monkeypatch.setattr(verifier, "record_calls", no_replay)
+    else:
+        monkeypatch.setattr(verifier, "VARIANTS", 6)  # special-cased inputs are met for sure
     if request.param != "screen":
         monkeypatch.setattr(verifier, "screen", lambda before, after, original=None: [])
     if request.param != "guard":
@@ -493,9 +590,11 @@ def layer(request, monkeypatch, tiny_domain):
 
 
 @pytest.mark.parametrize("name", sorted(FORGED_FIXES))
-def test_a_forged_fix_is_stopped_by_its_layers_alone(tiny_domain, layer, name):
+def test_a_forged_fix_is_stopped_by_its_layers_alone(tiny_domain, replayed_bug, layer, name):
     payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": [CLAMP]}
-    verdict = tiny_domain.grade(payload, solver_attempt(edit_init(FORGED_FIXES[name])))
+    if layer == "replay":
+        payload["replay"] = replayed_bug["replay"]
+    verdict = tiny_domain.grade(payload, solver_attempt(as_diff(FORGED_FIXES[name])))
     if layer in FIX_STOPPED_BY[name]:
         assert verdict.solved is False, verdict.reason
     else:  # the attack is real: this layer alone does not see it
@@ -504,7 +603,7 @@ def test_a_forged_fix_is_stopped_by_its_layers_alone(tiny_domain, layer, name):
 
 @pytest.mark.parametrize("name", sorted(FAKE_BUGS))
 def test_a_fake_bug_is_stopped_by_its_layers_alone(tiny_domain, layer, name):
-    validity = tiny_domain.verify({"repo": "tinystats", "diff": edit_init(FAKE_BUGS[name]), "turns": ["x"]})
+    validity = tiny_domain.verify({"repo": "tinystats", "diff": as_diff(FAKE_BUGS[name]), "turns": ["x"]})
     if layer in BUG_STOPPED_BY[name]:
         assert not validity.valid, name
     else:

@@ -31,3 +31,4 @@ def test_bugs_and_fixes_of_a_real_repository_are_judged_for_what_they_do(require
     assert found["reverts_solved"] == found["valid"], found["rows"]
     assert found["no_ops_solved"] == 0 and found["readme_edits_solved"] == 0
     assert found["shapes_solved"] == dict.fromkeys(FIX_SHAPES, 1), found["rows"][0]
+    assert found["replayed"] >= 1, found["rows"]  # a fix of at least one is judged outside the tests too

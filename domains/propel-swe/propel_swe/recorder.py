@@ -1,0 +1,157 @@
+"""The recorder: a pytest plugin that writes down the calls a bug's failing tests make into the
+repository, on the clean checkout, for the replay (``replay``) to make again outside the tests.
+
+It runs inside the sandbox on the unmodified checkout only (no change's code is loaded), so it
+imports nothing but the standard library and pytest. pytest imports it through ``PYTEST_PLUGINS``;
+it reads its orders from ``orders.json`` beside it (the tests to run, the repository's source files,
+where to write, the limits) and deselects every other test. While a test's call phase runs, a
+profile function sees each Python call; a call enters the repository at its boundary when its code
+lives in one of the source files and its caller's does not (a test, a helper of the tests, pytest,
+or C code the test called, such as ``list`` or ``map``). Such a call is recorded as the module that
+defines its function, the function's qualified name, how a user reaches it by that name (``kind_of``:
+the module's attribute, a method looked up on ``self``, ...), how it takes its arguments, and its
+arguments as they were on entry, pickled. A call whose arguments do not pickle is left out, and so is
+a call of a function its name does not lead to (nested in another, or bound under another name), and
+calls past the limits; how many were left out is written beside the calls. A generator's frame is
+recorded on its first start only. The folders of the checkout on ``sys.path`` at the end are written
+too: an argument may be an instance of a class a test module defines, which the replayer loads from
+there.
+"""
+
+import base64
+import json
+import os
+import pickle
+import reprlib
+import sys
+from pathlib import Path
+
+import pytest
+
+ORDERS_PATH = Path(__file__).resolve().parent / "orders.json"
+ORDERS = json.loads(ORDERS_PATH.read_text())
+ORDERS_PATH.unlink()
+SOURCES = frozenset(ORDERS["sources"])
+SELECT = frozenset(ORDERS["tests"])
+MAX_CALLS, MAX_PER_TEST, MAX_BYTES = ORDERS["max_calls"], ORDERS["max_per_test"], ORDERS["max_bytes"]
+GENERATOR_FLAGS = 0x20 | 0x80 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR
+SHOWN = reprlib.Repr()
+SHOWN.maxstring, SHOWN.maxother, SHOWN.maxlist = 40, 40, 6
+
+calls: list[dict] = []
+size = skipped = 0  # bytes recorded; calls at the boundary not recorded
+in_sources: dict[str, bool] = {}
+kinds: dict = {}  # code object -> how a user reaches it (``kind_of``)
+
+
+def _ours(filename: str) -> bool:
+    found = in_sources.get(filename)
+    if found is None:
+        found = in_sources[filename] = os.path.realpath(filename) in SOURCES
+    return found
+
+
+def layout(code) -> dict:
+    """How a code object takes its arguments: the positional parameters in order, ``*args``, the
+    keyword-only ones, ``**kwargs`` (what the replayer calls with, whatever the change renames)."""
+    names, count = code.co_varnames, code.co_argcount + code.co_kwonlyargcount
+    varargs = names[count] if code.co_flags & 0x04 else None  # CO_VARARGS
+    varkw = names[count + bool(varargs)] if code.co_flags & 0x08 else None  # CO_VARKEYWORDS
+    return {
+        "positional": list(names[: code.co_argcount]),
+        "varargs": varargs,
+        "keyword": list(names[code.co_argcount : count]),
+        "varkw": varkw,
+    }
+
+
+def reached(target, code) -> bool:
+    """Whether ``target`` runs ``code``: it is its function, or wraps it (``__wrapped__``)."""
+    for _ in range(8):
+        if getattr(target, "__code__", None) is code:
+            return True
+        target = getattr(target, "__wrapped__", None)
+    return False
+
+
+def kind_of(module: str, code) -> str | None:
+    """How a user reaches ``code`` by its qualified name in ``module``, on the clean checkout: a
+    ``function`` (the module's attribute, or a class's static method), a ``method`` (the class's
+    attribute, called with ``self``), a ``classmethod``, a ``property`` read or a ``setter``; None
+    where the name does not lead to this code (a function bound under another name, one nested in
+    another)."""
+    if code in kinds:
+        return kinds[code]
+    found = None
+    *path, name = code.co_qualname.split(".")
+    owner = sys.modules.get(module)
+    for part in path:
+        owner = getattr(owner, part, None)
+    raw = vars(owner).get(name) if isinstance(owner, type) else getattr(owner, name, None)
+    if isinstance(raw, property):
+        found = "property" if reached(raw.fget, code) else "setter" if reached(raw.fset, code) else None
+    elif isinstance(raw, staticmethod) or (raw is not None and not isinstance(owner, type)):
+        found = "function" if reached(getattr(raw, "__func__", raw), code) else None
+    elif isinstance(raw, classmethod):
+        found = "classmethod" if reached(raw.__func__, code) else None
+    elif raw is not None and code.co_argcount:
+        found = "method" if reached(raw, code) else None
+    kinds[code] = found
+    return found
+
+
+def pytest_collection_modifyitems(config, items):
+    kept = [item for item in items if item.nodeid in SELECT]
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in SELECT])
+    items[:] = kept
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    started: list = []  # generator frames already recorded (kept alive, so their ids stay theirs)
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        global size, skipped
+        if event != "call":
+            return
+        code, caller = frame.f_code, frame.f_back
+        if not _ours(code.co_filename) or caller is None or _ours(caller.f_code.co_filename):
+            return
+        if code.co_flags & GENERATOR_FLAGS:
+            if any(seen is frame for seen in started):
+                return
+            started.append(frame)
+        module = frame.f_globals.get("__name__")
+        # nested in a function, a lambda or a comprehension: no name to call it by
+        kind = None if "<" in code.co_qualname else kind_of(module, code)
+        data = None
+        if kind is not None and count < MAX_PER_TEST and len(calls) < MAX_CALLS:
+            values, taken = frame.f_locals, layout(code)
+            names = [*taken["positional"], taken["varargs"], *taken["keyword"], taken["varkw"]]
+            arguments = {name: values[name] for name in names if name is not None and name in values}
+            try:
+                data = pickle.dumps((module, code.co_qualname, kind, taken, arguments), protocol=4)
+            except Exception:  # not every argument pickles (a generator, a lambda, a module)
+                data = None
+        if data is None or size + len(data) > MAX_BYTES:
+            skipped += 1
+            return
+        shown = ", ".join(f"{name}={SHOWN.repr(value)}" for name, value in arguments.items())
+        calls.append({"call": base64.b64encode(data).decode(), "shown": f"{code.co_qualname}({shown})"})
+        size += len(data)
+        count += 1
+
+    sys.setprofile(profile)
+    try:
+        return (yield)
+    finally:
+        sys.setprofile(None)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    root = os.path.realpath(ORDERS["root"])
+    paths = [os.path.relpath(os.path.realpath(path), root) for path in sys.path if path]
+    inside = [path for path in paths if path == "." or not path.startswith("..")]  # pytest's test folders among them
+    Path(ORDERS["out"]).write_text(json.dumps({"calls": calls, "skipped": skipped, "paths": inside}))

@@ -1,0 +1,154 @@
+"""The replay: a verdict on what the code does, made where the code under test cannot reach it.
+
+The tests' verdict comes from the process that runs the change's code, and a change can always look
+for the channel that carries it (docs/swe.md, "What remains"). The replay takes the outcome out of
+that process. When a bug is verified, the calls its failing tests make into the repository are
+recorded on the clean checkout (``recorder``), and each is made again by the original code, twice,
+in fresh processes (``replayer``); the first time, the replayer also makes calls of its own, each
+recorded call with one argument moved. What the original code answers (a digest of the value
+returned or the exception's type, and of the arguments as the call left them) is kept in the task,
+for the calls that answered the same both times (``Replay``). A bug must change the answer to at
+least one of them (where every call was recorded); a fix must give the original's answer to every
+one.
+
+The process that replays a change holds the calls but not the answers, and writes only its own
+descriptions: whatever it forges there, it can only claim an answer, and an answer is judged by
+comparison with one made in another process. So a fix that forges the tests' verdict, or is right
+only when a test calls it or meets the inputs the tests hold, is not solved, and a bug that forges
+failing tests without changing what the code does is not valid. What a change can still do: behave
+one way in the replayer and another elsewhere (nothing a literal names; see docs/swe.md), and where
+nothing the tests call could be recorded (arguments that do not pickle, such as generators and
+lambdas), the replay has no calls and the verdict rests on the other layers, as each verdict's
+``judged_by`` says.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+RECORDER = (Path(__file__).parent / "recorder.py").read_bytes()
+REPLAYER = (Path(__file__).parent / "replayer.py").read_bytes()
+#: calls recorded in all, per test, and their pickles' bytes in all
+MAX_CALLS, MAX_PER_TEST, MAX_BYTES = 60, 20, 64 << 10
+VARIANTS = 4  # calls the replayer makes of its own per recorded call (one argument moved)
+CALL_SECONDS = 5.0  # what one call may take in the replayer
+TIMEOUT = '"timeout"'  # the call ran past its time
+NOT_REPLAYED = '["not replayed"'  # the call could not be loaded or found, or it left the process
+UNANSWERED = (NOT_REPLAYED, TIMEOUT)  # the original code gave no answer: the call is not judged
+REFUSED = '"refused"'  # the change asked the guard for something during the call
+
+
+class Replay(BaseModel):
+    """The calls a bug's failing tests make into the repository (recorded and moved), with the original
+    code's answers: what a fix must answer again, outside the tests."""
+
+    calls: list[str] = Field(default_factory=list, description="pickled (module, qualified name, arguments), base64")
+    shown: list[str] = Field(default_factory=list, description="each call, as a person reads it")
+    answers: list[str] = Field(
+        default_factory=list, description="digest of what the original code answered; empty: not judged"
+    )
+
+    @property
+    def judged(self) -> int:
+        """How many calls a change's answers are compared on."""
+        return sum(bool(digest) for digest in self.answers)
+
+    said: list[str] = Field(default_factory=list, description="the first characters of that answer")
+    paths: list[str] = Field(
+        default_factory=list,
+        description="folders of the checkout the tests ran with on sys.path (where classes the tests define load from)",
+    )
+    recorded_all: bool = Field(
+        True, description="whether every call the failing tests made into the repository was recorded"
+    )
+
+
+def recording_orders(root: str, tests: list[str], sources: list[str], out: str) -> dict[str, Any]:
+    """What the recorder is told: the checkout's root, the tests to run, the source files (absolute)
+    whose calls count, where to write, and the limits."""
+    return {
+        "root": root,
+        "tests": tests,
+        "sources": [f"{root.rstrip('/')}/{path}" for path in sources],
+        "out": out,
+        "max_calls": MAX_CALLS,
+        "max_per_test": MAX_PER_TEST,
+        "max_bytes": MAX_BYTES,
+    }
+
+
+def answers_of(line: str) -> dict[str, Any] | None:
+    """The replayer's line (without its nonce) read: ``answers`` ([digest, first characters] per call)
+    and ``made`` (the calls it made: [call, as shown, the index of the recorded call it follows]);
+    None where it is not that."""
+    try:
+        answer = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(answer, list) or len(answer) != 2 or not isinstance(answer[0], list):
+        return None
+    if not all(isinstance(item, list) and len(item) == 2 and all(isinstance(part, str) for part in item)
+               for item in answer[0]):  # fmt: skip
+        return None
+    return {"answers": answer[0], "made": answer[1]}
+
+
+def in_order(recorded: list[dict], made: list[list[str]]) -> list[tuple[str, str]]:
+    """(call, as shown) in the order the replayer made them: each recorded call, then those it made from it."""
+    after: dict[int, list[tuple[str, str]]] = {}
+    for call, shown, index in made:
+        after.setdefault(int(index), []).append((call, shown))
+    order = []
+    for index, first in enumerate(recorded):
+        order.append((first["call"], first["shown"]))
+        order.extend((call, f"{first['shown']} with {shown}") for call, shown in after.get(index, []))
+    return order
+
+
+def of_the_original(
+    calls: list[tuple[str, str]],
+    first: list[list[str]],
+    second: dict[str, Any] | None,
+    paths: list[str],
+    recorded_all: bool,
+) -> Replay:
+    """Every call, in order, with the original code's answer where it answered, and answered the same
+    in both its replays (``first``, ``second``); an empty answer (not judged) elsewhere. A change's
+    replay makes every call, so each judged one meets the state the original's did."""
+    replay = Replay(paths=paths, recorded_all=recorded_all)
+    for index, (call, shown) in enumerate(calls):
+        digest, said = first[index]
+        again = second["answers"] if second is not None else []
+        stable = index < len(again) and again[index][0] == digest and not said.startswith(UNANSWERED)
+        replay.calls.append(call)
+        replay.shown.append(shown)
+        replay.answers.append(digest if stable else "")
+        replay.said.append(said if stable else "")
+    return replay
+
+
+def differing(replay: Replay, answers: list[list[str]] | None, of_a_fix: bool) -> list[int]:
+    """The judged calls of ``replay`` that ``answers`` (a change's) answers otherwise than the original
+    code; every judged call when no answer came. For a bug, an answer that is no answer (the call
+    could not be made, or the guard refused the change something during it) does not count as
+    answered otherwise: what the code does for a user is unchanged there, as far as anyone saw. For a
+    fix, every other answer counts."""
+    calls = [index for index, digest in enumerate(replay.answers) if digest]
+    if answers is None or len(answers) != len(replay.calls):  # no answer, or not one a call
+        return calls
+    return [
+        index
+        for index in calls
+        if answers[index][0] != replay.answers[index]
+        and (of_a_fix or not (answers[index][1] == REFUSED or answers[index][1].startswith(NOT_REPLAYED)))
+    ]
+
+
+def told(replay: Replay, answers: list[list[str]] | None, index: int) -> str:
+    """One call that the change answered otherwise, as a person reads it."""
+    got = answers[index][1] if answers is not None and index < len(answers) else "no answer"
+    return f"{replay.shown[index]}: the original code answers {replay.said[index]}, the change {got}"

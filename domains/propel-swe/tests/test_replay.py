@@ -1,0 +1,110 @@
+"""The replay (docs/swe.md, layer 4): the calls a bug's failing tests make into the repository, answered
+again by the change's code outside the tests, in a process that holds no verdict, and compared in the
+harness with the original code's answers. The attacks each layer stops alone are in test_hostile.py."""
+
+import json
+import re
+
+import pytest
+from swe_helpers import BUG, reverted
+
+from propel_swe import replayer, verifier
+from propel_swe.replay import Replay
+
+CLAMP = "tests/test_core.py::test_clamp"
+
+
+def attempt(diff: str) -> str:
+    return json.dumps({"status": "finished", "turns": [], "diff": diff})
+
+
+@pytest.fixture(scope="module")
+def verified(tiny_domain):
+    payload = {"repo": "tinystats", "diff": BUG, "turns": ["x"]}
+    assert tiny_domain.verify(payload).valid
+    return payload
+
+
+def test_a_verified_bug_carries_the_calls_its_tests_make_with_moved_ones(verified):
+    replay = Replay.model_validate(verified["replay"])
+    recorded = [shown for shown in replay.shown if " with " not in shown]
+    assert recorded == [f"clamp(value={value}, low=0, high=10)" for value in (-5, 5, 15)]
+    moved = [shown for shown in replay.shown if " with " in shown]
+    assert 1 <= len(moved) <= 3 * verifier.VARIANTS and all(shown.startswith("clamp(") for shown in moved)
+    assert replay.judged == len(replay.calls)  # clamp is deterministic: every call is judged
+    first = replay.said[replay.shown.index("clamp(value=15, low=0, high=10)")]
+    assert first.startswith('[["returned",["number","10"]]')
+
+
+def test_the_revert_is_judged_by_the_replay_and_solves(tiny_domain, verified):
+    verdict = tiny_domain.grade(verified, attempt(reverted(BUG)))
+    assert verdict.solved is True, verdict.reason
+    assert verdict.diagnostics["judged_by"]["replayed"] == Replay.model_validate(verified["replay"]).judged
+
+
+def test_a_fix_the_tests_accept_is_not_solved_on_inputs_no_test_holds(tiny_domain, monkeypatch):
+    """Right for every input the tests hold (all have low=0), wrong once low moves: the moved calls
+    meet it (30 a call, so one moves low for sure) and the reason names the call."""
+    monkeypatch.setattr(verifier, "VARIANTS", 30)
+    payload = {"repo": "tinystats", "diff": BUG, "turns": ["x"]}
+    assert tiny_domain.verify(payload).valid
+    only_low_zero = reverted(BUG).replace("+    if value > high:", "+    if value > high and low == 0:")
+    assert only_low_zero != reverted(BUG)
+    verdict = tiny_domain.grade(payload, attempt(only_low_zero))
+    assert verdict.solved is False
+    assert "with low=" in verdict.reason and "the original code answers" in verdict.reason, verdict.reason
+
+
+def test_the_process_that_replays_a_change_is_never_given_the_answers(tiny_domain, verified, monkeypatch):
+    replay = Replay.model_validate(verified["replay"])
+    given = []
+    fresh = verifier.fresh_process
+
+    def watched(ws, repo, script, orders, time_limit, *args, **kwargs):
+        given.append((script, json.dumps(orders)))
+        return fresh(ws, repo, script, orders, time_limit, *args, **kwargs)
+
+    monkeypatch.setattr(verifier, "fresh_process", watched)
+    assert tiny_domain.grade(verified, attempt(reverted(BUG))).solved is True
+    replays = [orders for script, orders in given if script == verifier.REPLAYER]
+    assert len(replays) == 1
+    assert not any(
+        digest in replays[0] or said in replays[0] for digest, said in zip(replay.answers, replay.said, strict=True)
+    )
+
+
+def test_a_task_without_a_replay_is_graded_as_before(tiny_domain):
+    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": [CLAMP]}
+    verdict = tiny_domain.grade(payload, attempt(reverted(BUG)))
+    assert verdict.solved is True and verdict.diagnostics["judged_by"]["replayed"] == 0
+    payload["replay"] = {"calls": "not a list"}
+    verdict = tiny_domain.grade(payload, attempt(reverted(BUG)))
+    assert verdict.solved is None and "verify it again" in verdict.reason
+
+
+def test_a_description_holds_no_address_and_reads_what_an_iterator_gives():
+    class Point:
+        def __init__(self):
+            self.x, self.y = 1, [2, 3]
+
+    class Opaque:
+        __slots__ = ()
+
+    assert replayer.describe(Point()) == replayer.describe(Point())
+    assert re.search("0x[0-9a-fA-F]", json.dumps(replayer.describe(Opaque()))) is None
+    counted = ["iterator", [["number", "0"], ["number", "1"], ["number", "2"]]]
+    assert replayer.describe(iter(range(3)))[1:] == replayer.describe(n for n in range(3))[1:] == counted
+    assert replayer.describe({3, 1, 2}) == replayer.describe({2, 3, 1})
+    assert replayer.describe(3.0) == replayer.describe(3) != replayer.describe(3.5)  # as == compares them
+    assert json.loads(replayer.encoded(['é😀"\\', None, True])) == ['é😀"\\', None, True]
+    assert replayer.describe(range(10**12))[1] == str(10**12)  # described without being listed
+
+
+def test_moved_arguments_keep_their_type_and_never_touch_self():
+    import random
+
+    rng = random.Random(0)
+    for value in (0, 7, -3, 2.5, "abc", (1, 2), [4], b"xy", range(3), True):
+        moved = replayer.moved(value, rng)
+        assert type(moved) is type(value) and moved != value
+    assert replayer.moved(object(), rng) is None
