@@ -39,9 +39,9 @@ def trained(run, folder: Path, main_probe: Path) -> list[dict]:
     """The hard arm, RL seed 0, audited; its audit records by step."""
     config = run.config
     reward = config.reward.model_copy(update={"rule": "hard", "main_probe": str(main_probe)})
-    audit = audit_of(run, folder, config.train.audit, config.solver, config.label, 0)
+    audit = audit_of(run.services, folder, config.train.audit, config.solver, config.label, 0)
     shutil.rmtree(folder, ignore_errors=True)
-    train_generator(run, folder, config.generator, config.train, config.lora, reward, 0, 100, audit=audit)
+    train_generator(run.services, folder, config.generator, config.train, config.lora, reward, 0, 100, audit=audit)
     records = [json.loads(line) for line in (folder / "audit.jsonl").read_text().splitlines()]
     ending = f"stopped after step {audit.stopped_at}" if audit.stop_reason else "ran every step"
     print(f"{folder.name}: {ending}")

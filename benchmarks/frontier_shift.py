@@ -57,12 +57,14 @@ def train_arm(run: Run, seed: int, rule: str, probes: list[Path], folder: Path) 
     ``label.k``)."""
     config = run.config
     reward = config.reward.model_copy(update={"rule": rule, "probes": [str(p) for p in probes]})
-    solve = solver_labels(run, config.solver, config.label, seed, "solver in the loop")
+    solve = solver_labels(run.services, config.solver, config.label, seed, "solver in the loop")
     audit = None
     if rule == "hard" and config.train.audit.every:
-        audit = audit_of(run, folder, config.train.audit, config.solver, config.label, seed)
+        audit = audit_of(run.services, folder, config.train.audit, config.solver, config.label, seed)
     every = config.checkpoint.every
-    train_generator(run, folder, config.generator, config.train, config.lora, reward, seed, every, solve, audit=audit)
+    train_generator(
+        run.services, folder, config.generator, config.train, config.lora, reward, seed, every, solve, audit=audit
+    )
 
 
 def evaluate_arm(run: Run, contexts, adapter: Path | None, folder: Path, seed: int, probe) -> None:
@@ -72,7 +74,7 @@ def evaluate_arm(run: Run, contexts, adapter: Path | None, folder: Path, seed: i
     config = run.config
     label = config.label.model_copy(update={"k": config.evaluate.k})
     generator = config.generator.with_adapter(adapter)
-    tasks, labels = sample_and_label(run, generator, contexts, folder, config.solver, label, seed)
+    tasks, labels = sample_and_label(run.services, generator, contexts, folder, config.solver, label, seed)
     labels = [label for label in labels if label.utility is not None]
     text = {task.id: task.text for task in tasks}
     scores = probe.score([text[label.task_id] for label in labels]) if labels else []

@@ -171,7 +171,7 @@ def served(tmp: Path, repeats: int) -> None:
     )
     writer = Run(demo, Registry.build(), quiet=True)
     contexts = writer.context_sampler(demo.seed).sample(demo.generate.num_tasks)
-    written = sample_tasks(writer, demo.generator, contexts, writer.dir / "tasks.jsonl", demo.seed)
+    written = sample_tasks(writer.services, demo.generator, contexts, writer.dir / "tasks.jsonl", demo.seed)
     tasks = [task for task in written if task.validity.valid][:8]
     print(f"  ({len(tasks)} valid of {len(written)} arithmetic tasks written by the embedded generator)")
     with serving_embedded_model() as (url, model):

@@ -48,8 +48,8 @@ def scorer(run: Run, probe: Path):
     """The reward function the train stage gives GRPO under the run's config (the probe bundle read
     only by a rule that needs it)."""
     config = run.config
-    solve = solver_labels(run, config.solver, config.label, config.seed)
-    return reward_scorer(run, config.reward, config.train, probe, solve)
+    solve = solver_labels(run.services, config.solver, config.label, config.seed)
+    return reward_scorer(run.services, config.reward, config.train, probe, solve)
 
 
 def main() -> None:
@@ -97,7 +97,7 @@ def main() -> None:
         generator = runs["probe"]
         config = generator.config
         contexts = generator.context_sampler(config.seed).sample(config.generate.num_tasks)
-        tasks = sample_tasks(generator, config.generator, contexts, folder / "tasks.jsonl", config.seed)
+        tasks = sample_tasks(generator.services, config.generator, contexts, folder / "tasks.jsonl", config.seed)
         domain = generator.domain()
         contexts = {context.id: context for context in domain.contexts()}
         prompts = [domain.generator_prompt(contexts[task.context_id]) for task in tasks]

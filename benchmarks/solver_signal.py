@@ -137,7 +137,7 @@ def measure(name: str, solver: dict, options: dict, registry: Registry) -> dict:
     before = len(journal.read_text().splitlines()) if journal.exists() else 0
     start = time.perf_counter()
     solved = {}
-    for task, attempts in graded_attempts(run, tasks, ATTEMPTS, run.config.solver, 0, journal, name):
+    for task, attempts in graded_attempts(run.services, tasks, ATTEMPTS, run.config.solver, 0, journal, name):
         solved[task.id] = [bool(a.solved) for a in attempts]
     seconds = time.perf_counter() - start
     sizes = {task.id: size(task.payload["expression"]) for task in tasks}

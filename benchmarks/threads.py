@@ -79,7 +79,7 @@ def measure(args) -> None:
             try:
                 run = Run(validate_config({**CONFIG, "run_dir": tempfile.mkdtemp()}, registry), registry, quiet=True)
                 contexts = run.context_sampler(0).sample(args.tasks)
-                tasks = sample_tasks(run, config.generator, contexts, Path(run.dir) / "tasks.jsonl", 0)
+                tasks = sample_tasks(run.services, config.generator, contexts, Path(run.dir) / "tasks.jsonl", 0)
                 written[name] = [task.generation for task in tasks]
             finally:
                 os.environ.pop("OMP_NUM_THREADS", None)

@@ -48,7 +48,7 @@ def demo_tasks(tmp: Path, count: int):
     )
     writer = Run(demo, Registry.build(), quiet=True)
     contexts = writer.context_sampler(demo.seed).sample(demo.generate.num_tasks)
-    written = sample_tasks(writer, demo.generator, contexts, writer.dir / "tasks.jsonl", demo.seed)
+    written = sample_tasks(writer.services, demo.generator, contexts, writer.dir / "tasks.jsonl", demo.seed)
     tasks = [task for task in written if task.validity.valid][:count]
     print(f"  ({len(tasks)} valid arithmetic tasks of {len(written)} written by the embedded generator)")
     return demo, tasks

@@ -30,6 +30,7 @@ PUBLIC = {
         "JobRunner", "Job", "Attempt", "Episode", "Grading",
     ),
     "propel_core.execution": ("job_seed", "graded_texts"),
+    "propel_core.services": ("Services",),
     "propel_core.run": ("Run", "start_run"),
     "propel_core.cli": ("start",),
 }  # fmt: skip

@@ -29,7 +29,7 @@ from propel_core.errors import PropelError
 from propel_core.records import Context, JsonlWriter, Label, Record, SolverAttempt, Task, iter_jsonl, put_in_order
 
 if TYPE_CHECKING:
-    from propel_core.run import Run
+    from propel_core.services import Services
 
 log = logging.getLogger("propel")
 
@@ -54,7 +54,7 @@ def journal_path(path: Path) -> Path:
 
 
 def graded_attempts(
-    run: Run,
+    services: Services,
     tasks: list[Task],
     k: int,
     model: ModelConfig,
@@ -85,19 +85,19 @@ def graded_attempts(
         yield task, [done[task.id][j] for j in range(k)]
     if not jobs:
         return
-    worker = run.worker(model)
+    worker = services.worker(model)
     writer = JsonlWriter(journal) if journal is not None else None
     try:
-        with run.progress(f"{description} ({model.model_id}, K={k})", total=len(tasks)) as advance:
+        with services.progress(f"{description} ({model.model_id}, K={k})", total=len(tasks)) as advance:
             advance(len(complete))
-            for job, attempt in run.executor().run(worker, jobs):
+            for job, attempt in services.executor().run(worker, jobs):
                 found = done[job.task.id]
                 found[job.index] = attempt
-                note_ungradable(run, description, job.task, attempt)
+                note_ungradable(services, description, job.task, attempt)
                 if writer is not None:
                     writer.write(AttemptRecord(task_id=job.task.id, index=job.index, attempt=attempt))
                 finished = len(found) == k
-                advance(int(finished), in_flight=run.executor().in_flight)
+                advance(int(finished), in_flight=services.executor().in_flight)
                 if finished:
                     yield by_id[job.task.id], [found[j] for j in range(k)]
     finally:
@@ -105,14 +105,14 @@ def graded_attempts(
             writer.close()
 
 
-def graded_texts(run: Run, attempts: list[tuple[Task, str]], model: ModelConfig) -> list[SolverAttempt]:
+def graded_texts(services: Services, attempts: list[tuple[Task, str]], model: ModelConfig) -> list[SolverAttempt]:
     """The grades of attempts already written, in order, each a job of the run's executor (so a
     policy's rollouts are verified as widely as the executor spreads them); ``model`` is the role the
     attempts stand for (its worker is cached under it; it is never loaded)."""
     jobs = [Grading(task, text) for task, text in attempts]
-    grades = dict(run.executor().run(run.worker(model), jobs))
+    grades = dict(services.executor().run(services.worker(model), jobs))
     for job in jobs:
-        note_ungradable(run, "grading", job.task, grades[job])
+        note_ungradable(services, "grading", job.task, grades[job])
     return [grades[job] for job in jobs]
 
 
@@ -123,11 +123,11 @@ def ungradable_kind(reason: str | None) -> str:
     return ":".join((reason or "no reason given").split(":")[:2])
 
 
-def note_ungradable(run: Run, description: str, task: Task, attempt: SolverAttempt) -> None:
+def note_ungradable(services: Services, description: str, task: Task, attempt: SolverAttempt) -> None:
     """Log an ungradable attempt if it is the first of its kind this command meets; the stage's
     summary (:func:`ungradable_summary`) counts the rest."""
-    if attempt.solved is None and (kind := ungradable_kind(attempt.reason)) not in run.ungradable_kinds:
-        run.ungradable_kinds.add(kind)
+    if attempt.solved is None and (kind := ungradable_kind(attempt.reason)) not in services.ungradable_kinds:
+        services.ungradable_kinds.add(kind)
         log.warning(
             "%s: task %s: an attempt is ungradable: %s (more like it are counted at the end)",
             description,
@@ -136,12 +136,12 @@ def note_ungradable(run: Run, description: str, task: Task, attempt: SolverAttem
         )
 
 
-def ungradable_summary(run: Run, stage: str, labels: list[Label]) -> None:
+def ungradable_summary(services: Services, stage: str, labels: list[Label]) -> None:
     """Log the stage's line on the ungradable attempts ``labels`` hold (:func:`ungradable_line`) and
-    keep it in ``run.ungradable``, which makes the command exit with status 3."""
+    keep it in ``services.ungradable``, which makes the command exit with status 3."""
     if line := ungradable_line(stage, labels):
         log.warning("%s", line)
-        run.ungradable.append(line)
+        services.ungradable.append(line)
 
 
 def ungradable_line(stage: str, labels: list[Label]) -> str | None:
@@ -163,7 +163,7 @@ def ungradable_line(stage: str, labels: list[Label]) -> str | None:
 
 
 def label_tasks(
-    run: Run,
+    services: Services,
     tasks: list[Task],
     path: Path,
     solver: ModelConfig,
@@ -184,7 +184,7 @@ def label_tasks(
     if todo:
         journal = journal_path(path)
         with JsonlWriter(path) as out:
-            for task, attempts in graded_attempts(run, todo, label.k, solver, seed, journal, description, redo):
+            for task, attempts in graded_attempts(services, todo, label.k, solver, seed, journal, description, redo):
                 out.write(label_of(task, attempts, label))
     journal_path(path).unlink(missing_ok=True)  # every label is whole now
     put_in_order(path, Label, lambda label: label.task_id)
@@ -217,14 +217,14 @@ def reopen_ungradable(path: Path) -> None:
 
 
 def solver_labels(
-    run: Run, solver: ModelConfig, label: LabelConfig, seed: int, description: str = "solve"
+    services: Services, solver: ModelConfig, label: LabelConfig, seed: int, description: str = "solve"
 ) -> Callable[[list[Task]], list[Label]]:
     """A function that labels tasks now, with no file: what a reward that reads live solver utility
     (the solver-in-the-loop baseline) calls once per batch, and an audit. Its labels come in the order
     of the tasks given, whatever order their attempts finished in."""
 
     def solve(tasks: list[Task]) -> list[Label]:
-        graded = graded_attempts(run, tasks, label.k, solver, seed, description=description)
+        graded = graded_attempts(services, tasks, label.k, solver, seed, description=description)
         labels = {task.id: label_of(task, attempts, label) for task, attempts in graded}
         return [labels[task.id] for task in tasks if task.id in labels]
 
@@ -242,14 +242,14 @@ def task_id(index: int) -> str:
     return f"t{index:06d}"
 
 
-def sample_tasks(run: Run, model: ModelConfig, contexts: list[Context], path: Path, seed: int) -> list[Task]:
+def sample_tasks(services: Services, model: ModelConfig, contexts: list[Context], path: Path, seed: int) -> list[Task]:
     """One task per context (task ``i`` from ``contexts[i]``), appended to ``path`` as each episode
     finishes; tasks already there are kept and not redone. Generation ``i`` is seeded by its task id,
     so a resumed run, another executor, or another model given the same contexts uses the same seeds
     (and the same contexts: the domain's ``episode_contexts`` of them, made here before any job runs).
     """
     done = {task.id for task in iter_jsonl(path, Task)}
-    contexts = run.domain().episode_contexts(contexts, seed)
+    contexts = services.domain().episode_contexts(contexts, seed)
     jobs = [
         Episode(task_id(i), context, job_seed(seed, task_id(i)))
         for i, context in enumerate(contexts)
@@ -258,19 +258,22 @@ def sample_tasks(run: Run, model: ModelConfig, contexts: list[Context], path: Pa
     if done and jobs:
         log.info("%s already has %d tasks; %d to go", path.name, len(done), len(jobs))
     if jobs:
-        worker = run.worker(model)
-        with JsonlWriter(path) as out, run.progress(f"generate ({model.model_id})", total=len(contexts)) as advance:
+        worker = services.worker(model)
+        with (
+            JsonlWriter(path) as out,
+            services.progress(f"generate ({model.model_id})", total=len(contexts)) as advance,
+        ):
             advance(len(contexts) - len(jobs))
-            for _, task in run.executor().run(worker, jobs):
+            for _, task in services.executor().run(worker, jobs):
                 out.write(task)
-                advance(1, in_flight=run.executor().in_flight)
+                advance(1, in_flight=services.executor().in_flight)
     order = {task_id(i): i for i in range(len(contexts))}
     put_in_order(path, Task, lambda task: (order.get(task.id, len(order)), task.id))
     return list(iter_jsonl(path, Task))
 
 
 def sample_and_label(
-    run: Run,
+    services: Services,
     generator: ModelConfig,
     contexts: list[Context],
     folder: Path,
@@ -282,6 +285,6 @@ def sample_and_label(
     """One arm of an evaluation: a task per context from ``generator`` (``folder/tasks.jsonl``), and
     the valid ones labeled by ``solver`` (``folder/labels.jsonl``); both files resume (``redo``: see
     :func:`label_tasks`)."""
-    tasks = sample_tasks(run, generator, contexts, folder / "tasks.jsonl", seed)
+    tasks = sample_tasks(services, generator, contexts, folder / "tasks.jsonl", seed)
     valid = [task for task in tasks if task.validity.valid]
-    return tasks, label_tasks(run, valid, folder / "labels.jsonl", solver, label, seed, redo, "evaluate")
+    return tasks, label_tasks(services, valid, folder / "labels.jsonl", solver, label, seed, redo, "evaluate")

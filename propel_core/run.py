@@ -1,10 +1,11 @@
 """What a stage gets: the validated config, the registry, its run folder, models, an executor, a
 progress bar and the channel for what it tells the user.
 
-Stages read ``run.config``; the library they call (execution, training, probes, evaluation, ...) takes
-a ``Run`` only for these services and gets every setting as an argument (a value or a config
-section), so a caller that needs another value (evaluation's seed and K, co-evolution's reward rule)
-passes a section copied with that value changed, never a modified whole config. Plugin commands
+Stages read ``run.config``; the library they call (execution, training, probes, evaluation, ...) never
+sees the ``Run``: it takes ``run.services`` (:class:`~propel_core.services.Services`, no config) and
+gets every setting as an argument (a value or a config section), so a caller that needs another
+value (evaluation's seed and K, co-evolution's reward rule) passes a section copied with that value
+changed, never a modified whole config. Plugin commands
 build their run with :func:`start_run`, as the CLI's verbs do.
 """
 
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from propel_core.plugins import Registry
 from propel_core.provenance import claim
 from propel_core.ranks import is_main, join, launch_warning
 from propel_core.records import readable
+from propel_core.services import Services
 from propel_core.tracking import Tracker
 from propel_core.worker import Worker
 
@@ -102,6 +105,26 @@ class Run:
 
     def component(self, kind: str, name: str) -> Any:
         return self.registry.get(kind, name)
+
+    @cached_property
+    def services(self) -> Services:
+        """What the library gets from this run (no config): its registry, folder, domain, executor,
+        workers, context samplers, trackers, progress bars, ``say`` and its ungradable attempts."""
+        return Services(
+            self.registry,
+            self.dir,
+            self.domain,
+            self.executor,
+            self.worker,
+            self.context_sampler,
+            lambda: self.tracker,
+            self.track,
+            self.progress,
+            self.say,
+            self.quiet,
+            self.ungradable,
+            self.ungradable_kinds,
+        )
 
     @property
     def tracker(self) -> Tracker:

@@ -210,7 +210,7 @@ def audit_of(run, folder, **options):
 
     config = run.config
     return audit.audit_of(
-        run, folder, AuditConfig(every=1, tasks=4, **options), config.solver, config.label, config.seed
+        run.services, folder, AuditConfig(every=1, tasks=4, **options), config.solver, config.label, config.seed
     )
 
 

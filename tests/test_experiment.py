@@ -70,7 +70,7 @@ def experiment(tmp_path_factory):
         for task in corpus:
             out.write(task)
     valid = [task for task in corpus if task.validity.valid]
-    label_tasks(run, valid, folder / "labels.jsonl", run.config.solver, run.config.label, run.config.seed)
+    label_tasks(run.services, valid, folder / "labels.jsonl", run.config.solver, run.config.label, run.config.seed)
     for seed in SEEDS:
         evaluation = _run(registry, folder, seed=1000 + seed)
         for arm in ARMS:
@@ -80,7 +80,9 @@ def experiment(tmp_path_factory):
                 for task in tasks:
                     out.write(task)
             valid = [task for task in tasks if task.validity.valid]
-            label_tasks(evaluation, valid, where / "labels.jsonl", run.config.solver, run.config.label, 1000 + seed)
+            label_tasks(
+                evaluation.services, valid, where / "labels.jsonl", run.config.solver, run.config.label, 1000 + seed
+            )
             # a probe that scores every in-band task +1 and every other labeled task -1
             labeled = list(iter_jsonl(where / "labels.jsonl", Label))
             logits = {label.task_id: 1.0 if label.utility else -1.0 for label in labeled}
@@ -94,9 +96,11 @@ def experiment(tmp_path_factory):
             train={"group_size": 2, "per_device_batch": 2},
         )
         (root / "sil" / f"seed-{seed}").mkdir(parents=True)
-        solve = solver_labels(sil, sil.config.solver, sil.config.label, seed)
+        solve = solver_labels(sil.services, sil.config.solver, sil.config.label, seed)
         log_path = root / "sil" / f"seed-{seed}" / "reward_log.jsonl"
-        scorer = reward_scorer(sil, sil.config.reward, sil.config.train, folder / "probes", solve, log_path=log_path)
+        scorer = reward_scorer(
+            sil.services, sil.config.reward, sil.config.train, folder / "probes", solve, log_path=log_path
+        )
         prompt = sil.domain().generator_prompt(sil.domain().contexts()[0])
         for completions in ([" 23 * 45", " 3 + 4"], [" 12 * 13", " oops"]):
             scorer([prompt] * 2, [[{"role": "assistant", "content": text}] for text in completions])

@@ -251,7 +251,7 @@ def test_register_executors(propel_register_plugin, tmp_path):
     )
     run = Run(config, registry, quiet=True)
     contexts = registry.domain("tiny").contexts() * 3
-    tasks = sample_tasks(run, config.generator, contexts, tmp_path / "tasks.jsonl", config.seed)
+    tasks = sample_tasks(run.services, config.generator, contexts, tmp_path / "tasks.jsonl", config.seed)
     assert run.executor().seen == ["t000000", "t000001", "t000002"] and run.executor().note == "x"
     assert [task.generation for task in tasks] == ["ab"] * 3 and all(task.validity.valid for task in tasks)
     with pytest.raises(PropelError, match=r"executor.name: unknown executor 'slurm'; installed: .*in_order"):

@@ -71,12 +71,12 @@ def by_task(labels):
 @pytest.fixture(scope="module")
 def local_labels(azr_tasks, propel_loopback_server, tmp_path_factory):
     run = azr_run(tmp_path_factory.mktemp("local"), propel_loopback_server, {"name": "local", "workers": 4})
-    return by_task(label_tasks(run, azr_tasks, run.dir / "labels.jsonl", *labeling(run)))
+    return by_task(label_tasks(run.services, azr_tasks, run.dir / "labels.jsonl", *labeling(run)))
 
 
 def test_ray_labels_equal_local_labels(propel_ray_cluster, azr_tasks, propel_loopback_server, local_labels, tmp_path):
     run = azr_run(tmp_path, propel_loopback_server, RAY)
-    labels = by_task(label_tasks(run, azr_tasks, tmp_path / "labels.jsonl", *labeling(run)))
+    labels = by_task(label_tasks(run.services, azr_tasks, tmp_path / "labels.jsonl", *labeling(run)))
     assert labels == local_labels
     assert all(len(label.attempts) == 2 for label in labels)
 

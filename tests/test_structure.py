@@ -4,7 +4,9 @@
 - nothing but the command line (which runs them) imports a stage: not the library (nor the run),
   not the built-in plugins, not a domain, not a script; the benchmarks that still do are listed;
 - the library takes its settings as arguments: only stages (and the run and CLI that start them)
-  read ``run.config``.
+  read ``run.config``;
+- the library never sees the run: it gets ``run.services`` (no config) and does not import
+  ``propel_core.run``.
 """
 
 import ast
@@ -120,20 +122,35 @@ def test_the_library_gets_its_settings_as_arguments():
     assert not offenders, "\n".join(offenders)
 
 
+def run_imports(path: Path) -> list[str]:
+    return [module for module in imported_modules(path) if module.split(".")[:2] == ["propel_core", "run"]]
+
+
+def test_the_library_never_sees_the_run():
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {module}: take Services (run.services) instead"
+        for path in library_files()
+        for module in run_imports(path)
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
 def test_the_checks_can_fail(tmp_path):
     stage = tmp_path / "stage.py"
     stage.write_text(
         "def f(run):\n    from propel_core.stages.train import train\n    return run.config.seed\n"
         "def register_commands(cli):\n    return run.config\n"
-        "import propel_core.records\nfrom propel_core import Domain, Domian\n"
+        "import propel_core.records\nfrom propel_core import Domain, Domian\nfrom propel_core.run import Run\n"
         "from propel_core.testing import assert_same_verdicts_concurrently\n"
     )
     assert "propel_core.stages.train" in stage_imports(stage)
     assert reads_run_config(stage) == [3]
+    assert run_imports(stage) == ["propel_core.run", "propel_core.run.Run"]
     assert sorted(public_face_problems(stage, tmp_path)) == [
         "stage.py:2 imports train from propel_core.stages.train: import from propel_core",
         "stage.py:6 imports propel_core.records: import its names from propel_core",
         "stage.py:7 imports Domian, which propel_core.PUBLIC lacks",
+        "stage.py:8 imports Run from propel_core.run: import from propel_core",
     ]
 
 

@@ -54,7 +54,7 @@ def probed_run(planted_probe):
 
 def scorer_for(run, **options):
     config = run.config
-    return reward_scorer(run, config.reward, config.train, run.dir / "probes" / "selected", **options)
+    return reward_scorer(run.services, config.reward, config.train, run.dir / "probes" / "selected", **options)
 
 
 def test_rewards_follow_the_hard_rule(probed_run, tmp_path):
@@ -125,7 +125,7 @@ def test_two_grpo_steps_update_the_adapter_and_not_the_reference(trained_run):
     # another r_bad is another reward: the finished training refuses it, as any reward option
     changed = probed_run.config.reward.model_copy(update={"r_bad": -0.2})
     with pytest.raises(PropelError, match=r"reward.r_bad: -?[0-9.]+ -> -0.2"):
-        probed_run.claim("train", True, *reward_reads(probed_run, changed))
+        probed_run.claim("train", True, *reward_reads(probed_run.services, changed))
 
 
 def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run, tmp_path):
@@ -135,7 +135,7 @@ def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run, tmp_p
     data["label"] = {"k": 2}
     data["solver"] = {"sampling": {"max_new_tokens": 16}}
     run = Run(validate(data, probed_run.registry), probed_run.registry, quiet=True)
-    solve = solver_labels(run, run.config.solver, run.config.label, run.config.seed)
+    solve = solver_labels(run.services, run.config.solver, run.config.label, run.config.seed)
     scorer = scorer_for(run, solve=solve, log_path=tmp_path / "reward_log.jsonl")
     prompt = run.domain().generator_prompt(run.domain().contexts()[0])
     completions = [
@@ -440,7 +440,7 @@ def test_grpo_with_replay_and_the_progress_sampler(probed_run, tmp_path):
 def train_in(run, folder):
     """The train stage's GRPO loop on ``run``'s config, into ``folder``."""
     config = run.config
-    train_generator(run, folder, config.generator, config.train, config.lora, config.reward, config.seed, 100)
+    train_generator(run.services, folder, config.generator, config.train, config.lora, config.reward, config.seed, 100)
 
 
 #: the vLLM train test's learning rate, and the mean log-probability gap between engine and policy it
@@ -467,7 +467,7 @@ def test_two_grpo_steps_with_vllm_rollouts(probed_run, tmp_path):
     cores, threads, set_threads = os.sched_getaffinity(0), torch.get_num_threads(), torch.set_num_threads
     distributed = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "VLLM_CPU_KVCACHE_SPACE")
     environment = {name: os.environ.get(name) for name in distributed}
-    train_generator(run, folder, config.generator, config.train, config.lora, config.reward, config.seed, 100)
+    train_generator(run.services, folder, config.generator, config.train, config.lora, config.reward, config.seed, 100)
     # TRL and vLLM set distributed variables, and vLLM's CPU worker, in this process, bound it to its cores
     # and disabled torch.set_num_threads: all given back (a `propel train` started after saw RANK and died)
     assert {name: os.environ.get(name) for name in distributed} == environment

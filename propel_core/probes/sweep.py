@@ -34,7 +34,7 @@ from propel_core.probes.metrics import calibration_bins, metrics
 from propel_core.records import Label, ProbeBundle, Task, iter_jsonl
 
 if TYPE_CHECKING:
-    from propel_core.run import Run
+    from propel_core.services import Services
 
 log = logging.getLogger("propel")
 
@@ -67,7 +67,7 @@ def known_labels(path: Path) -> list[Label]:
 
 
 def sweep(
-    run: Run,
+    services: Services,
     config: ProbeConfig,
     labels: list[Label],
     tasks: dict[str, Task],
@@ -77,8 +77,8 @@ def sweep(
     ``labels`` of ``tasks``; RVP pays each head by ``rule_at(its lowest valid logit)``."""
     import torch
 
-    ids, first = load_activations(run.dir, config.layers[0], config.poolings[0])
-    _refuse_stale(run.dir, ids, tasks)
+    ids, first = load_activations(services.dir, config.layers[0], config.poolings[0])
+    _refuse_stale(services.dir, ids, tasks)
     labels, rows = label_rows(ids, labels)
     row_of = {task_id: row for row, task_id in enumerate(ids)}
     y = torch.tensor([label.utility for label in labels])
@@ -90,7 +90,8 @@ def sweep(
     pairs = [(architecture, balance) for architecture in config.architectures for balance in config.balance]
     matrices = [(layer, pooling) for layer in config.layers for pooling in config.poolings]
     factories = {
-        architecture: run.component("probe_architectures", architecture) for architecture in config.architectures
+        architecture: services.registry.get("probe_architectures", architecture)
+        for architecture in config.architectures
     }
     split_of = {
         (balance, seed): list(splits(y, groups, balance, config.split, config, seed))
@@ -109,11 +110,11 @@ def sweep(
     del first
     results: dict[tuple, list] = {}
     kept = {}
-    with run.progress("probe sweep", total=len(matrices) * len(pairs)) as advance:
+    with services.progress("probe sweep", total=len(matrices) * len(pairs)) as advance:
         for start in range(0, len(matrices), per_group):
             jobs, where, rvp_x = [], [], {}
             for layer, pooling in matrices[start : start + per_group]:
-                _, x_all = load_activations(run.dir, layer, pooling)
+                _, x_all = load_activations(services.dir, layer, pooling)
                 x = x_all[rows]
                 rvp_x[layer, pooling] = {t.id: x_all[row_of[t.id]].clone() for t in rvp_tasks if t.id in row_of}
                 del x_all  # only the labeled rows stay (a row of it, not cloned, would keep all of it)

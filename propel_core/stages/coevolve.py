@@ -35,7 +35,7 @@ def coevolve(run: Run) -> None:
     folder = run.dir / "coevolve"
     # refused now, not after the extra probes trained: a main bundle whose lowest valid logit is unknown
     mode = config.reward.model_copy(update={"rule": config.coevolve.mode})
-    settled_reward(run, mode, [main_probe(run, mode)], quiet=True)
+    settled_reward(run.services, mode, [main_probe(run.services, mode)], quiet=True)
     if config.coevolve.mode == "adversarial":
         extra = [auxiliary_probe(run, folder / "auxiliary", config.coevolve, config.probe, config.seed)]
     else:
@@ -44,13 +44,13 @@ def coevolve(run: Run) -> None:
     reward = config.reward.model_copy(update={"rule": config.coevolve.mode, "probes": [str(p) for p in extra]})
     log.info("retraining with the %s rule: %s + %s", config.coevolve.mode, selected, ", ".join(map(str, extra)))
     prepare_folder(folder / "train", resume=False)  # retrained whole: the old adapter goes first
-    keys, values = reward_reads(run, reward)
+    keys, values = reward_reads(run.services, reward)
     values |= {"reward.rule": reward.rule, "reward.probes": reward.probes}
     run.claim("coevolve", False, (*keys, "coevolve"), values)  # recorded: the reward it trains with
-    solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
+    solve = solver_labels(run.services, config.solver, config.label, config.seed, "solver in the loop")
     every = config.checkpoint.every
     train_generator(
-        run, folder / "train", config.generator, config.train, config.lora, reward, config.seed, every, solve
+        run.services, folder / "train", config.generator, config.train, config.lora, reward, config.seed, every, solve
     )
 
 

@@ -67,7 +67,9 @@ def evaluate(run: Run) -> None:
         generator = config.generator.with_adapter(adapter)
         arm_folder = folder / arm
         redo = run.redo_ungradable
-        tasks, labels = sample_and_label(run, generator, contexts, arm_folder, config.solver, label, seed, redo)
+        tasks, labels = sample_and_label(
+            run.services, generator, contexts, arm_folder, config.solver, label, seed, redo
+        )
         every_label += labels
         results[arm] = arm_metrics(tasks, labels, config.evaluate.k)
         utilities[arm] = per_context_utility(tasks, labels)
@@ -81,7 +83,7 @@ def evaluate(run: Run) -> None:
     histogram_plot(folder / "solve_counts.png", results, config.evaluate.k, config.label)
     run.say(table_text)
     run.say(evaluation_verdict(results))
-    ungradable_summary(run, "evaluate", every_label)
+    ungradable_summary(run.services, "evaluate", every_label)
 
 
 def headline(values: dict) -> dict[str, float]:

@@ -23,7 +23,7 @@ def generate(run: Run) -> None:
     path = run.dir / "tasks.jsonl"
     run.claim("tasks.jsonl", exists=holds_records(path))
     contexts = run.context_sampler(config.seed).sample(config.generate.num_tasks)
-    tasks = sample_tasks(run, config.generator, contexts, path, config.seed)
+    tasks = sample_tasks(run.services, config.generator, contexts, path, config.seed)
     counts = funnel_counts(tasks)
     run.track("generate", counts)
     run.say(funnel(tasks, counts))

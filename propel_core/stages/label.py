@@ -27,11 +27,11 @@ def label(run: Run) -> None:
         log.warning("no valid tasks in %s to label; see the generate funnel", tasks_path)
     path = run.dir / "labels.jsonl"
     run.claim("labels.jsonl", exists=holds_records(path, journal_path(path)))
-    labels = label_tasks(run, tasks, path, config.solver, config.label, config.seed, run.redo_ungradable)
+    labels = label_tasks(run.services, tasks, path, config.solver, config.label, config.seed, run.redo_ungradable)
     counts = label_counts(labels, config.label.k)
     run.track("label", counts)
     run.say(summary(counts, config.label.k))
-    ungradable_summary(run, "label", labels)
+    ungradable_summary(run.services, "label", labels)
 
 
 def label_counts(labels: list[Label], k: int) -> dict[str, int]:

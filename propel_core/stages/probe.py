@@ -22,7 +22,7 @@ def probe(run: Run) -> None:
     run.claim("probes", False, (f"reward.options.{config.reward.rule}",))
     labels = known_labels(run.dir / "labels.jsonl")
     tasks = {task.id: task for task in iter_jsonl(run.dir / "tasks.jsonl", Task)}
-    found = sweep(run, config.probe, labels, tasks, rule_of_cell(run, config.reward))
+    found = sweep(run.services, config.probe, labels, tasks, rule_of_cell(run.services, config.reward))
     folder = run.dir / "probes"
     folder.mkdir(parents=True, exist_ok=True)
     write_sweep(folder / "sweep.csv", found.cells)

@@ -53,7 +53,10 @@ def report(run: Run) -> None:
         folder = experiment.parent
         sections = [
             ("Does it work? The frontier-shift experiment", experiment_section(summary, folder)),
-            ("Probe quality", probe_section(root, main_probe(run, run.config.reward)) + probe_on_arms_section(summary)),
+            (
+                "Probe quality",
+                probe_section(root, main_probe(run.services, run.config.reward)) + probe_on_arms_section(summary),
+            ),
             (
                 "Training, per arm (mean over RL seeds)",
                 image(folder / "curves.png", "training curves per arm") + training_table(summary),
@@ -63,7 +66,7 @@ def report(run: Run) -> None:
     else:
         sections = [
             ("Does it work? Base vs trained (real solver runs)", headline_section(root)),
-            ("Probe quality", probe_section(root, main_probe(run, run.config.reward))),
+            ("Probe quality", probe_section(root, main_probe(run.services, run.config.reward))),
             ("Training", training_section(root)),
             ("Solve counts, base vs trained", evaluation_section(root)),
         ]

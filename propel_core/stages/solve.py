@@ -84,7 +84,17 @@ def solve_train(run: Run) -> None:
     reward_model = load_probe(task_file(run, options.reward_model), run.registry) if options.model_steps else None
     every = config.checkpoint.every
     train_solver(
-        run, folder, tasks, options, config.solver, rule, reward_model, config.lora, config.seed, every, checkpoint
+        run.services,
+        folder,
+        tasks,
+        options,
+        config.solver,
+        rule,
+        reward_model,
+        config.lora,
+        config.seed,
+        every,
+        checkpoint,
     )
     if not is_main():  # under accelerate launch the main process evaluates, alone
         return
@@ -129,7 +139,7 @@ def solve_counts(run: Run, tasks: list[Task], solver: ModelConfig, k: int, seed:
     with the same seed."""
     solved = {
         task.id: sum(bool(attempt.solved) for attempt in attempts)
-        for task, attempts in graded_attempts(run, tasks, k, solver, seed)
+        for task, attempts in graded_attempts(run.services, tasks, k, solver, seed)
     }
     return [solved[task.id] for task in tasks]
 
@@ -153,7 +163,9 @@ def self_train(run: Run) -> None:
     tasks = training_tasks(run, task_file(run, options.tasks), in_band_only=False)
     funnel = {"sampled": 0, "verified correct": 0, "within self_train.max_chars": 0}  # then the domain's checks
     kept: list[tuple[Task, str]] = []
-    found = graded_attempts(run, tasks, options.k, config.solver, config.seed, description="self-train sampling")
+    found = graded_attempts(
+        run.services, tasks, options.k, config.solver, config.seed, description="self-train sampling"
+    )
     attempts = {task.id: graded for task, graded in found}
     capped = 0
     for task in tasks:  # in task order, whatever order the attempts finished in
@@ -164,4 +176,4 @@ def self_train(run: Run) -> None:
     if not kept:
         (folder / "filter_report.json").write_text(json.dumps({"funnel": funnel}, indent=2))
         raise NotEnoughData(f"no attempt survived the filters: {funnel}")
-    fine_tune_solver(run, folder, kept, funnel, options, config.solver, config.lora, config.seed)
+    fine_tune_solver(run.services, folder, kept, funnel, options, config.solver, config.lora, config.seed)

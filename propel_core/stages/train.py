@@ -33,17 +33,17 @@ def train(run: Run) -> None:
     resume = config.checkpoint.resume
     # what the folder holds counts before anything goes: a checkpoint, or a finished adapter (resuming)
     exists = goes_on(folder, resume)
-    run.claim("train", exists, *reward_reads(run, config.reward))  # rule, options, bundles
-    solve = solver_labels(run, config.solver, config.label, config.seed, "solver in the loop")
+    run.claim("train", exists, *reward_reads(run.services, config.reward))  # rule, options, bundles
+    solve = solver_labels(run.services, config.solver, config.label, config.seed, "solver in the loop")
     audit = None
     # K real attempts at a sample of the step's tasks, labeled as label does; under `accelerate launch`
     # the main process audits each whole step (the reward gathers every process's generations)
     if config.train.audit.every and is_main():
         track = partial(run.track, "train")  # each audit's metrics, at the step it audited
-        audit = audit_of(run, folder, config.train.audit, config.solver, config.label, config.seed, track)
+        audit = audit_of(run.services, folder, config.train.audit, config.solver, config.label, config.seed, track)
     every = config.checkpoint.every
     train_generator(
-        run,
+        run.services,
         folder,
         config.generator,
         config.train,

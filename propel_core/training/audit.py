@@ -19,6 +19,7 @@ Every reader skips a line torn by a kill.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -35,10 +36,11 @@ from propel_core.evaluation import arm_metrics
 from propel_core.execution import solver_labels
 from propel_core.probes.metrics import auc, balanced_accuracy
 from propel_core.records import JsonlWriter, Label, Task, iter_jsonl, keep_entries, to_json
-from propel_core.run import log
 
 if TYPE_CHECKING:
-    from propel_core.run import Run
+    from propel_core.services import Services
+
+log = logging.getLogger("propel")
 
 BEST = "best_audited"
 #: audits waiting at most; one due while this many wait is skipped, so a slow solver cannot pile up
@@ -217,7 +219,7 @@ class Audit:
 
 
 def audit_of(
-    run: Run,
+    services: Services,
     folder: Path,
     options: AuditConfig,
     solver: ModelConfig,
@@ -228,7 +230,7 @@ def audit_of(
     """The audit (``train.audit``: ``options``) of a training into ``folder``: ``solver`` labels each
     sample as ``label`` says, at K = ``options.k`` (or ``label.k``), through the run's executor; each
     step's sample is drawn from ``seed``; ``track`` gets each audit's metrics."""
-    audited = solver_labels(run, solver, audit_label(label, options.k), seed, "audit")
+    audited = solver_labels(services, solver, audit_label(label, options.k), seed, "audit")
     return Audit(options, folder, audited, seed, track)
 
 

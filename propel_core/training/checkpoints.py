@@ -4,13 +4,15 @@ adapter it saves at the end."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
 from propel_core.ranks import is_main, together
 from propel_core.records import keep_entries
-from propel_core.run import log
 from propel_core.training.generator_reward import COMPLETIONS
+
+log = logging.getLogger("propel")
 
 
 def last_checkpoint(folder: Path) -> Path | None:

@@ -4,6 +4,7 @@ whether it rewards the generator's tasks or the solver's answers."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,9 @@ from propel_core.backend import prefill as prompt_prefill
 from propel_core.contracts import ContextSampler
 from propel_core.ranks import gathered, is_main, process_index
 from propel_core.records import Context, JsonlWriter
-from propel_core.run import log
 from propel_core.training.replay import ReplayBuffer
+
+log = logging.getLogger("propel")
 
 #: a step's batch shows GRPO learning nothing when at least this share of its completions hit the
 #: length limit, or of its groups gave all their completions one reward; so many steps in a row, and

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from propel_core.embedded import model_source
 from propel_core.errors import PropelError
 from propel_core.ranks import gathered, is_main, process_count, sharded, stopping_together
 from propel_core.records import Context, Label, Task
-from propel_core.run import Run, log
+from propel_core.services import Services
 from propel_core.training.audit import Audit, audited
 from propel_core.training.checkpoints import keep_steps_before, prepare_folder, step_of, train_and_save
 from propel_core.training.feedback import logged_steps, reward_never_moved
@@ -31,9 +32,11 @@ from propel_core.training.trainer import (
 )
 from propel_core.training.zero_variance import dropping_flat_groups
 
+log = logging.getLogger("propel")
+
 
 def train_generator(
-    run: Run,
+    services: Services,
     folder: Path,
     generator: ModelConfig,
     train_config: TrainConfig,
@@ -54,12 +57,12 @@ def train_generator(
     solver as it trains (``train.audit``), which may stop the training early."""
     from trl import GRPOTrainer
 
-    domain = run.domain()
+    domain = services.domain()
     _check(domain, train_config)
     replay = train_config.replay
     buffer = ReplayBuffer.of(replay, seed)
     trainer_class = replaying(GRPOTrainer, buffer, replay.slots) if buffer else GRPOTrainer  # checks TRL's shape
-    sampler = run.context_sampler(seed)
+    sampler = services.context_sampler(seed)
     stop = generation_stop(domain, generator.sampling)
     if stop and train_config.mask_truncated_completions:
         raise PropelError(
@@ -68,7 +71,7 @@ def train_generator(
             "set it false: a completion the limit cut is an invalid task, paid reward.overflow_reward"
         )
     scorer = reward_scorer(
-        run, reward, train_config, main_probe(run, reward), solve, stop=stop, sampler=sampler, replay=buffer
+        services, reward, train_config, main_probe(services, reward), solve, stop=stop, sampler=sampler, replay=buffer
     )
     checkpoint = prepare_folder(folder, resume)
     scorer.log_path = folder / "reward_log.jsonl"
@@ -88,7 +91,7 @@ def train_generator(
         trainer_class = dropping_flat_groups(trainer_class, lambda: scorer.flat)
     if not domain.multi_turn:  # a trajectory ends in the tool results' framing, not the policy's end token
         scorer.stall.ends = end_tokens(tokenizer, policy.generation_config)
-    arguments = _grpo_arguments(run, folder, train_config, seed, checkpoint_every, stop)
+    arguments = _grpo_arguments(services, folder, train_config, seed, checkpoint_every, stop)
     if stop and not train_config.use_vllm:
         stopping_at_strings(policy, tokenizer)
     multi_turn = {"rollout_func": EpisodeRollouts(domain, tokenizer, contexts_by_prompt, train_config, seed)}
@@ -115,19 +118,21 @@ def train_generator(
     prompts = generation_batch // train_config.group_size
     log.info("GRPO: %d steps, %d prompts x %d generations each", train_config.steps, prompts, train_config.group_size)
     base = model_source(generator.model, generator.revision)
-    if not _audited_training(run, trainer, folder, base, checkpoint, audit):
+    if not _audited_training(services, trainer, folder, base, checkpoint, audit):
         return
     if not is_main():  # the main process wrote the reward log and says how training went
         return
     rewards = logged_steps(folder / "reward_log.jsonl")
     still = reward_never_moved(rewards)
-    run.say(
+    services.say(
         f"trained {trainer.state.global_step} steps; reward mean first {rewards[0]['reward_mean']:.3f}, "
         f"last {rewards[-1]['reward_mean']:.3f}; adapter in {folder / 'adapter'}" + (f"; {still}" if still else "")
     )
 
 
-def _audited_training(run: Run, trainer, folder: Path, base: str, checkpoint: Path | None, audit: Audit | None) -> bool:
+def _audited_training(
+    services: Services, trainer, folder: Path, base: str, checkpoint: Path | None, audit: Audit | None
+) -> bool:
     """``train_and_save``, with the audit's callback when there is one: its last audits are waited for
     (dropped if training failed), and a stop rule they met is said in one line. False when the audits
     before the checkpoint had already stopped this training (nothing trains)."""
@@ -140,7 +145,7 @@ def _audited_training(run: Run, trainer, folder: Path, base: str, checkpoint: Pa
         return not stopped
     if stopped:  # met by the audits before the checkpoint: this training is over
         audit.close()
-        run.say(f"training stopped before this run: {audit.stop_reason}; checkpoint.resume=false starts over")
+        services.say(f"training stopped before this run: {audit.stop_reason}; checkpoint.resume=false starts over")
         if not (folder / "adapter").exists():
             train_and_save(trainer, folder, base, checkpoint, finished=True)
         return False
@@ -152,7 +157,7 @@ def _audited_training(run: Run, trainer, folder: Path, base: str, checkpoint: Pa
     audit.close()
     if audit.stop_reason:
         when = f"after step {audit.stopped_at}" if audit.stopped_at is not None else "when training had ended"
-        run.say(f"training stopped {when}: {audit.stop_reason}")
+        services.say(f"training stopped {when}: {audit.stop_reason}")
     return True
 
 
@@ -195,16 +200,16 @@ def _check(domain, train_config: TrainConfig) -> None:
 
 
 def _grpo_arguments(
-    run: Run, folder: Path, train_config: TrainConfig, seed: int, checkpoint_every: int, stop: list[str]
+    services: Services, folder: Path, train_config: TrainConfig, seed: int, checkpoint_every: int, stop: list[str]
 ):
     """TRL's GRPOConfig for ``train``'s settings, its generation stopping at the ``stop`` strings."""
     from trl import GRPOConfig
 
     return trainer_arguments(
         GRPOConfig,
-        run,
+        services,
         folder,
-        run.dir.name,
+        services.dir.name,
         steps=train_config.steps,
         lr=train_config.lr,
         batch=train_config.per_device_batch,

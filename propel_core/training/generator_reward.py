@@ -27,7 +27,7 @@ from propel_core.training.feedback import FeedsBack, Stall, generations
 from propel_core.training.replay import ReplayBuffer
 
 if TYPE_CHECKING:
-    from propel_core.run import Run
+    from propel_core.services import Services
     from propel_core.training.audit import Audit
 
 
@@ -238,18 +238,18 @@ class RewardScorer(FeedsBack):
         }
 
 
-def main_probe(run: Run, reward: RewardConfig) -> Path:
+def main_probe(services: Services, reward: RewardConfig) -> Path:
     """The probe bundle the rule reads: ``reward.main_probe``, else the run's selected one."""
-    return Path(reward.main_probe) if reward.main_probe else run.dir / "probes" / "selected"
+    return Path(reward.main_probe) if reward.main_probe else services.dir / "probes" / "selected"
 
 
-def settled_reward(run: Run, reward: RewardConfig, bundles: list[Path], quiet: bool = False) -> RewardConfig:
+def settled_reward(services: Services, reward: RewardConfig, bundles: list[Path], quiet: bool = False) -> RewardConfig:
     """``reward`` with r_bad and the overflow reward it leaves null set (``RewardConfig.settled``): for a
     rule paid in logits, below the lowest logit any bundle it reads a logit of gives a valid labeled
     task (``bundles``: main first, then ``reward.probes``; see ``logit_bundles``). An explicit r_bad
     above that logit is kept, with a warning (unless ``quiet``: a check before the training that will
     say it): invalid tasks then earn more than some valid ones."""
-    rule = rule_of(run, reward)
+    rule = rule_of(services, reward)
     if not paid_in_logits(rule):
         return reward.settled(False, None)
     unset = reward.r_bad is None or reward.overflow_reward is None
@@ -283,31 +283,31 @@ def logit_bundles(needs: frozenset[str], bundles: list[Path]) -> list[Path]:
     return [*bundles[:1] * ("logit" in needs), *bundles[1:2] * ("auxiliary_logit" in needs)]
 
 
-def rule_of(run: Run, reward: RewardConfig) -> RewardRule:
+def rule_of(services: Services, reward: RewardConfig) -> RewardRule:
     """The rule ``reward`` names, built to ask what it reads: on settings settled as for a rule not
     paid in logits, since a factory may read r_bad before training has settled it."""
-    return run.registry.reward_rule(reward.rule, reward.settled(False, None))
+    return services.registry.reward_rule(reward.rule, reward.settled(False, None))
 
 
-def rule_of_cell(run: Run, reward: RewardConfig) -> Callable[[float], RewardRule]:
+def rule_of_cell(services: Services, reward: RewardConfig) -> Callable[[float], RewardRule]:
     """``rule_at(lowest)``: the rule ``reward`` names as a probe sweep cell's head would be paid by it,
     its r_bad and overflow reward settled below that head's own lowest valid logit where ``reward``
     leaves them null (the probe stage's RVP)."""
-    paid = paid_in_logits(rule_of(run, reward))
-    return lambda lowest: run.registry.reward_rule(reward.rule, reward.settled(paid, lowest))
+    paid = paid_in_logits(rule_of(services, reward))
+    return lambda lowest: services.registry.reward_rule(reward.rule, reward.settled(paid, lowest))
 
 
-def reward_reads(run: Run, reward: RewardConfig) -> tuple[tuple[str, ...], dict[str, Any]]:
+def reward_reads(services: Services, reward: RewardConfig) -> tuple[tuple[str, ...], dict[str, Any]]:
     """What a training's reward depends on beyond its ``reward.*`` settings, for ``RUN/settings.json``:
     the config keys (the rule's own options; the solver's and the label stage's, for a rule reading
     live solver utility), the content of each probe bundle the rule reads (whatever its path), and
     the r_bad and overflow reward it pays (calibrated from those bundles where the config leaves them
     null)."""
-    rule = rule_of(run, reward)
+    rule = rule_of(services, reward)
     keys = (f"reward.options.{reward.rule}", *(SOLVER_KEYS if "solver_utility" in rule.needs else ()))
-    bundles = [main_probe(run, reward), *map(Path, reward.probes)] if reads_probe(rule) else []
+    bundles = [main_probe(services, reward), *map(Path, reward.probes)] if reads_probe(rule) else []
     try:
-        settled = settled_reward(run, reward, bundles, quiet=True)  # the training's scorer warns, once
+        settled = settled_reward(services, reward, bundles, quiet=True)  # the training's scorer warns, once
     except PropelError:  # a bundle missing, or without its lowest logit: the claim refuses a changed setting
         settled = reward  # first, and the scorer refuses the bundle after it
     return keys, {
@@ -318,7 +318,7 @@ def reward_reads(run: Run, reward: RewardConfig) -> tuple[tuple[str, ...], dict[
 
 
 def reward_scorer(
-    run: Run,
+    services: Services,
     reward: RewardConfig,
     train: TrainConfig,
     main_probe: Path,
@@ -330,15 +330,15 @@ def reward_scorer(
     ``reward.probes``) loaded only when the rule reads them. ``options``: ``stop``, ``log_path``,
     ``sampler``, ``replay``. R_bad and the overflow reward are settled first (``settled_reward``)."""
     bundles = [main_probe, *map(Path, reward.probes)]
-    reward = settled_reward(run, reward, bundles)
-    rule = run.registry.reward_rule(reward.rule, reward)
+    reward = settled_reward(services, reward, bundles)
+    rule = services.registry.reward_rule(reward.rule, reward)
     probes = []
     if reads_probe(rule):
         if not (Path(main_probe) / "probe.json").exists():
             raise PropelError(f"no probe bundle in {main_probe}: run `propel probe` first")
-        probes = [load_probe(path, run.registry) for path in bundles]
+        probes = [load_probe(path, services.registry) for path in bundles]
     return RewardScorer(
-        run.domain(),
+        services.domain(),
         rule,
         probes,
         rule_name=reward.rule,

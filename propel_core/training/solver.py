@@ -27,11 +27,11 @@ from propel_core.training.zero_variance import dropping_flat_groups
 if TYPE_CHECKING:
     from propel_core.contracts import RewardRule
     from propel_core.probes.bundles import ProbeScorer
-    from propel_core.run import Run
+    from propel_core.services import Services
 
 
 def train_solver(
-    run: Run,
+    services: Services,
     folder: Path,
     tasks: list[Task],
     options: SolveTrainConfig,
@@ -49,11 +49,11 @@ def train_solver(
     is the adapter trained, and a checkpoint is saved every ``checkpoint_every`` steps."""
     from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
-    domain = run.domain()
+    domain = services.domain()
     # the training tasks are the sampler's contexts (bucket: the task's topic), so ``progress`` can
     # steer solver training by the verifier's rewards, as it steers generator training by the probe's
     contexts = {str(i): Context(id=str(i), data={}, bucket=task.topic or "all") for i, task in enumerate(tasks)}
-    sampler = run.registry.context_sampler(
+    sampler = services.registry.context_sampler(
         options.context_sampler, list(contexts.values()), seed, **options.sampler_options
     )
     for name in ("reward_log.jsonl", "rollouts.jsonl"):  # resuming: what the steps redone wrote goes
@@ -62,7 +62,7 @@ def train_solver(
     reward = SolverRewards(
         domain,
         tasks,
-        lambda attempts: graded_texts(run, attempts, solver),
+        lambda attempts: graded_texts(services, attempts, solver),
         folder,
         rule=rule,
         reward_model=reward_model,
@@ -71,7 +71,7 @@ def train_solver(
         sampler=sampler,
         contexts=contexts,
         replay=buffer,
-        track=lambda metrics, step: run.track(f"solve/{options.name}", metrics, step),
+        track=lambda metrics, step: services.track(f"solve/{options.name}", metrics, step),
         group_size=options.group_size,
         max_completion_length=options.max_completion_length,
     )
@@ -84,9 +84,9 @@ def train_solver(
     )
     arguments = trainer_arguments(
         config_class,
-        run,
+        services,
         folder,
-        f"{run.dir.name}-solve-{options.name}",
+        f"{services.dir.name}-solve-{options.name}",
         steps=options.steps,
         lr=options.lr,
         batch=batch,
@@ -113,11 +113,11 @@ def train_solver(
     )
     train_and_save(trainer, folder, model_source(solver.model, solver.revision), checkpoint)
     if is_main() and (still := reward_never_moved(logged_steps(reward.log_path))) is not None:
-        run.say(f"solve_train {options.name}: {still}")
+        services.say(f"solve_train {options.name}: {still}")
 
 
 def fine_tune_solver(
-    run: Run,
+    services: Services,
     folder: Path,
     kept: list[tuple[Task, str]],
     funnel: dict[str, int],
@@ -131,7 +131,7 @@ def fine_tune_solver(
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    domain = run.domain()
+    domain = services.domain()
     tokenizer, model, _ = load_policy(solver)
     rows = []
     for task, text in kept:
@@ -147,14 +147,14 @@ def fine_tune_solver(
     report = {"funnel": funnel, "self_rows": len(rows), "original_rows": len(mixed) - len(rows), "rows": len(mixed)}
     (folder / "filter_report.json").write_text(json.dumps(report, indent=2))
     for step, count in funnel.items():
-        run.say(f"  {count:6d}  {step}")
-    run.say(f"fine-tuning on {len(mixed)} rows ({len(rows)} self-generated, {len(mixed) - len(rows)} original)")
+        services.say(f"  {count:6d}  {step}")
+    services.say(f"fine-tuning on {len(mixed)} rows ({len(rows)} self-generated, {len(mixed) - len(rows)} original)")
     random.Random(seed).shuffle(mixed)
     arguments = trainer_arguments(
         SFTConfig,
-        run,
+        services,
         folder,
-        f"{run.dir.name}-self-train",
+        f"{services.dir.name}-self-train",
         steps=options.steps,
         lr=options.lr,
         batch=options.batch_size,

@@ -10,7 +10,7 @@ from pathlib import Path
 from propel_core.backend import prefill, prompt_text
 from propel_core.config import LoraConfig, ModelConfig
 from propel_core.embedded import resolve_model
-from propel_core.run import Run
+from propel_core.services import Services
 
 # TRL reads ``model.is_gradient_checkpointing`` itself (trl/models/utils.py), which newer transformers
 # renamed and warns about at every step; nothing a caller passes avoids it, so only that one is hidden
@@ -18,7 +18,16 @@ warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is depre
 
 
 def trainer_arguments(
-    config_class: type, run: Run, folder: Path, name: str, *, steps: int, lr: float, batch: int, seed: int, **own
+    config_class: type,
+    services: Services,
+    folder: Path,
+    name: str,
+    *,
+    steps: int,
+    lr: float,
+    batch: int,
+    seed: int,
+    **own,
 ):
     """The TRL config (``config_class``: GRPOConfig, RLOOConfig, SFTConfig) of every propel training:
     what they all set alike (``folder`` for checkpoints, ``steps``, ``lr``, ``batch`` per device,
@@ -32,10 +41,10 @@ def trainer_arguments(
         learning_rate=lr,
         per_device_train_batch_size=batch,
         logging_steps=1,
-        **run.tracker.trainer_arguments(name),
+        **services.tracker().trainer_arguments(name),
         use_cpu=not torch.cuda.is_available(),
         seed=seed,
-        disable_tqdm=run.quiet,
+        disable_tqdm=services.quiet,
         **own,
     )
 

@@ -121,7 +121,7 @@ def register_commands(cli):
         run, domain = _mle_run(ctx, config, overrides, "corpus")
         tasks = [shipped_task(domain, i) for i in range(count)]
         scripts = [(task, f"```python\n{solution(task.payload, model)}```") for task in tasks for model in MODELS]
-        graded = graded_texts(run, scripts, run.config.solver)
+        graded = graded_texts(run.services, scripts, run.config.solver)
         folder = run.dir / "mle" / "corpus"
         folder.mkdir(parents=True, exist_ok=True)
         band = (run.config.label.band_low, run.config.label.band_high)

@@ -124,7 +124,7 @@ def test_k_solver_attempts_give_a_solve_rate_and_a_utility(tmp_path, registry, m
     }
     run = Run(validate_config(data, registry), registry, quiet=True)
     task = task_of(mle, registry, "Data set: iris\nTarget: target\nMetric: accuracy\nBar: 0.9")
-    (label,) = label_tasks(run, [task], tmp_path / "labels.jsonl", run.config.solver, run.config.label, seed=0)
+    (label,) = label_tasks(run.services, [task], tmp_path / "labels.jsonl", run.config.solver, run.config.label, seed=0)
     assert len(label.attempts) == 2 and label.solve_rate is not None and label.utility in (0, 1)
     for attempt in label.attempts:  # each attempt ran: its markers and duration are in its diagnostics
         assert attempt.text.startswith("```python\n") and attempt.diagnostics["duration"] >= 0

@@ -72,12 +72,18 @@ def outcome(labels):
 def test_ray_labels_of_swe_bugs_equal_local_labels(propel_ray_cluster, swe_run):
     local = swe_run({"name": "local", "workers": 4}, "local")
     contexts = local.domain().contexts() * 3
-    written = sample_tasks(local, local.config.generator, contexts, local.dir / "tasks.jsonl", local.config.seed)
+    written = sample_tasks(
+        local.services, local.config.generator, contexts, local.dir / "tasks.jsonl", local.config.seed
+    )
     tasks = [task for task in written if task.validity.valid][:2]
     assert len(tasks) == 2, "the procedural generator planted fewer than two valid bugs"
     settings = local.config.solver, local.config.label, local.config.seed
-    expected = sorted(label_tasks(local, tasks, local.dir / "labels.jsonl", *settings), key=lambda label: label.task_id)
+    expected = sorted(
+        label_tasks(local.services, tasks, local.dir / "labels.jsonl", *settings), key=lambda label: label.task_id
+    )
     ray = swe_run({"name": "ray", "workers": 4, "options": {"resources": {"sandbox": 1}}}, "ray")
-    labels = sorted(label_tasks(ray, tasks, ray.dir / "labels.jsonl", *settings), key=lambda label: label.task_id)
+    labels = sorted(
+        label_tasks(ray.services, tasks, ray.dir / "labels.jsonl", *settings), key=lambda label: label.task_id
+    )
     assert outcome(labels) == outcome(expected)
     assert all(attempt.solved is not None for label in labels for attempt in label.attempts)  # all graded
