@@ -11,9 +11,9 @@ function's name: the module's or the class's attribute of that name (a method wi
 classmethod with the call's own ``cls``, a property read or set), with the arguments laid out as the
 original function took them (``recorder``). It describes what came of it as data: the value returned (numbers that
 compare equal alike, an iterator's first items, an object's attributes, never an address) or the
-nearest built-in type of the exception raised, and the arguments as the call left them (a method's
-effect on ``self``). It writes, on the descriptor, one line: ``NONCE`` and a JSON list with, per
-call, a digest of that description and its first characters. With a seed, after each recorded call
+nearest built-in type of the exception raised, the arguments as the call left them (a method's
+effect on ``self``), and the warnings it gave. It writes, on the descriptor, one line: ``NONCE`` and
+a JSON list with, per call, a digest of that description and its first characters. With a seed, after each recorded call
 it makes ``variants`` calls of its own whose arguments differ from the recorded ones in one value (a
 number moved near or far, negated or zeroed; a string or a sequence shortened, turned round,
 lengthened or emptied) and answers them too, in the order it made them, and writes their pickles
@@ -45,6 +45,7 @@ import random
 import re
 import sys
 import types
+import warnings
 from itertools import islice
 from pathlib import Path
 
@@ -54,6 +55,7 @@ TIMEOUT, NOT_REACHED, REFUSED = '"timeout"', '"not reached"', '"refused"'
 # bound before any code of the repository runs (module attributes can be replaced; these names cannot be reached)
 WRITE, SHA, LOADS, DUMPS = os.write, hashlib.sha256, pickle.loads, pickle.dumps
 FROM_BASE64, TO_BASE64, IMPORT = binascii.a2b_base64, binascii.b2a_base64, importlib.import_module
+CATCH_WARNINGS, WARN_ALWAYS = warnings.catch_warnings, warnings.simplefilter
 NAMED = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)
 WITHOUT_ADDRESSES = re.compile(r"0x[0-9a-fA-F]+").sub
 ESCAPED = {'"': '\\"', "\\": "\\\\"}
@@ -101,18 +103,22 @@ def main() -> None:
 
 
 def replay(call: str, seconds: float, arm, disarm, refusals, out_of_time) -> list[str]:
-    """[digest, first characters] of what came of one call (``describe``)."""
+    """[digest, first characters] of what came of one call (``describe``): what it returned or
+    raised, its arguments as it left them, and the warnings it gave (category and text)."""
     before = len(refusals())
     arm(seconds)
     try:
         module, qualname, kind, layout, arguments = LOADS(FROM_BASE64(call))
-        try:
-            returned = ["returned", describe(call_as_a_user(module, qualname, kind, layout, arguments))]
-        except out_of_time:
-            raise
-        except Exception as exc:
-            returned = ["raised", built_in_kind(exc)]
-        description = encoded([returned, describe(arguments)])
+        with CATCH_WARNINGS(record=True) as warned:
+            WARN_ALWAYS("always")
+            try:
+                returned = ["returned", describe(call_as_a_user(module, qualname, kind, layout, arguments))]
+            except out_of_time:
+                raise
+            except Exception as exc:
+                returned = ["raised", built_in_kind(exc)]
+        given = [[built_in_kind(each.message), WITHOUT_ADDRESSES("0x", str(each.message))[:200]] for each in warned]
+        description = encoded([returned, describe(arguments), given])
     except out_of_time:
         description = TIMEOUT
     except BaseException as exc:  # it could not be loaded or found, or it left by SystemExit

@@ -108,3 +108,22 @@ def test_moved_arguments_keep_their_type_and_never_touch_self():
         moved = replayer.moved(value, rng)
         assert type(moved) is type(value) and moved != value
     assert replayer.moved(object(), rng) is None
+
+
+def test_a_warning_is_part_of_what_a_call_answers():
+    """A bug that drops a DeprecationWarning changes what its calls answer (more-itertools'
+    zip_equal: a flipped version check silences it)."""
+    import base64
+    import pickle
+
+    layout = {"positional": ["message", "category"], "varargs": None, "keyword": [], "varkw": None}
+
+    def answer(arguments):
+        call = base64.b64encode(pickle.dumps(("warnings", "warn", "function", layout, arguments))).decode()
+        return replayer.replay(call, 5.0, lambda seconds: None, lambda: None, lambda: (), TimeoutError)
+
+    deprecated = answer({"message": "going", "category": DeprecationWarning})
+    assert deprecated == answer({"message": "going", "category": DeprecationWarning})
+    assert '"DeprecationWarning","going"' in deprecated[1]
+    assert deprecated[0] != answer({"message": "going", "category": UserWarning})[0]
+    assert deprecated[0] != answer({"message": "gone", "category": DeprecationWarning})[0]
