@@ -41,7 +41,7 @@ SHOWN.maxstring, SHOWN.maxother, SHOWN.maxlist = 40, 40, 6
 calls: list[dict] = []
 size = skipped = 0  # bytes recorded; calls at the boundary not recorded
 in_sources: dict[str, bool] = {}
-kinds: dict = {}  # code object -> how a user reaches it (``kind_of``)
+kinds: dict = {}  # code object -> how a user reaches it and its defaults (``kind_of``)
 
 
 def _ours(filename: str) -> bool:
@@ -65,39 +65,48 @@ def layout(code) -> dict:
     }
 
 
-def reached(target, code) -> bool:
-    """Whether ``target`` runs ``code``: it is its function, or wraps it (``__wrapped__``)."""
+def running(target, code):
+    """The function of ``target`` that runs ``code``: ``target`` itself, or one it wraps
+    (``__wrapped__``); None where there is none."""
     for _ in range(8):
         if getattr(target, "__code__", None) is code:
-            return True
+            return target
         target = getattr(target, "__wrapped__", None)
-    return False
+    return None
 
 
-def kind_of(module: str, code) -> str | None:
-    """How a user reaches ``code`` by its qualified name in ``module``, on the clean checkout: a
-    ``function`` (the module's attribute, or a class's static method), a ``method`` (the class's
-    attribute, called with ``self``), a ``classmethod``, a ``property`` read or a ``setter``; None
-    where the name does not lead to this code (a function bound under another name, one nested in
-    another)."""
+def kind_of(module: str, code) -> tuple[str, dict] | None:
+    """How a user reaches ``code`` by its qualified name in ``module``, on the clean checkout, and the
+    function's defaults: a ``function`` (the module's attribute, or a class's static method), a
+    ``method`` (the class's attribute, called with ``self``), a ``classmethod``, a ``property`` read
+    or a ``setter``; None where the name does not lead to this code (a function bound under another
+    name, one nested in another)."""
     if code in kinds:
         return kinds[code]
-    found = None
     *path, name = code.co_qualname.split(".")
     owner = sys.modules.get(module)
     for part in path:
         owner = getattr(owner, part, None)
     raw = vars(owner).get(name) if isinstance(owner, type) else getattr(owner, name, None)
     if isinstance(raw, property):
-        found = "property" if reached(raw.fget, code) else "setter" if reached(raw.fset, code) else None
+        ways = [("property", raw.fget), ("setter", raw.fset)]
     elif isinstance(raw, staticmethod) or (raw is not None and not isinstance(owner, type)):
-        found = "function" if reached(getattr(raw, "__func__", raw), code) else None
+        ways = [("function", getattr(raw, "__func__", raw))]
     elif isinstance(raw, classmethod):
-        found = "classmethod" if reached(raw.__func__, code) else None
-    elif raw is not None and code.co_argcount:
-        found = "method" if reached(raw, code) else None
-    kinds[code] = found
-    return found
+        ways = [("classmethod", raw.__func__)]
+    else:
+        ways = [("method", raw)] if raw is not None and code.co_argcount else []
+    found = next(((kind, running(target, code)) for kind, target in ways if running(target, code)), None)
+    kinds[code] = found and (found[0], defaults(found[1], code))
+    return kinds[code]
+
+
+def defaults(function, code) -> dict:
+    """The function's default values by parameter name."""
+    names = code.co_varnames[: code.co_argcount]
+    positional = function.__defaults__ or ()
+    found = dict(zip(names[len(names) - len(positional) :], positional, strict=True))
+    return {**found, **(function.__kwdefaults__ or {})}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -125,12 +134,20 @@ def pytest_runtest_call(item):
             started.append(frame)
         module = frame.f_globals.get("__name__")
         # nested in a function, a lambda or a comprehension: no name to call it by
-        kind = None if "<" in code.co_qualname else kind_of(module, code)
+        reached = None if "<" in code.co_qualname else kind_of(module, code)
         data = None
-        if kind is not None and count < MAX_PER_TEST and len(calls) < MAX_CALLS:
-            values, taken = frame.f_locals, layout(code)
+        if reached is not None and count < MAX_PER_TEST and len(calls) < MAX_CALLS:
+            (kind, default), values, taken = reached, frame.f_locals, layout(code)
             names = [*taken["positional"], taken["varargs"], *taken["keyword"], taken["varkw"]]
-            arguments = {name: values[name] for name in names if name is not None and name in values}
+            if taken["varargs"] and values.get(taken["varargs"]):  # every positional one was passed
+                default = {name: value for name, value in default.items() if name in taken["keyword"]}
+            # a value that is its parameter's default was not passed, as far as anyone can tell: left
+            # out, so that the replay meets the function's own default (a bug may change it)
+            arguments = {
+                name: values[name]
+                for name in names
+                if name is not None and name in values and not (name in default and values[name] is default[name])
+            }
             try:
                 data = pickle.dumps((module, code.co_qualname, kind, taken, arguments), protocol=4)
             except Exception:  # not every argument pickles (a generator, a lambda, a module)

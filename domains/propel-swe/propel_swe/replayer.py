@@ -139,10 +139,14 @@ def call_as_a_user(module: str, qualname: str, kind: str, layout: dict, argument
     owner = IMPORT(module)
     for part in path:
         owner = getattr(owner, part)
-    positional = [arguments[each] for each in layout["positional"] if each in arguments]
-    if layout["varargs"]:
+    # in order until the first left out (its default was taken), by name after it
+    given = [each in arguments for each in layout["positional"]]
+    upto = given.index(False) if False in given else len(given)
+    positional = [arguments[each] for each in layout["positional"][:upto]]
+    keywords = {each: arguments[each] for each in layout["positional"][upto:] if each in arguments}
+    if layout["varargs"] and upto == len(given):
         positional.extend(arguments.get(layout["varargs"], ()))
-    keywords = {each: arguments[each] for each in layout["keyword"] if each in arguments}
+    keywords.update({each: arguments[each] for each in layout["keyword"] if each in arguments})
     if layout["varkw"]:
         keywords.update(arguments.get(layout["varkw"], {}))
     found = getattr(owner, name)
@@ -163,7 +167,7 @@ def built_in_kind(exc: BaseException) -> str:
 
 def describe(value, depth: int = 0):
     """``value`` as plain data (text, lists, None and booleans): numbers that compare equal alike,
-    text and containers as they are (a set or a mapping in sorted order), an iterator's first
+    text and containers as they are (a set or a dict in sorted order), an iterator's first
     ``ITEMS`` items, another object as its type and attributes; no address."""
     kind = type(value)
     name = kind.__module__ + "." + kind.__qualname__
@@ -183,7 +187,8 @@ def describe(value, depth: int = 0):
         return [name, str(len(value)), [describe(item, depth + 1) for item in islice(value, ITEMS)]]
     if isinstance(value, dict):
         pairs = [[describe(key, depth + 1), describe(item, depth + 1)] for key, item in islice(value.items(), ITEMS)]
-        return [name, str(len(value)), sorted(pairs, key=encoded)]
+        # a dict in sorted order, as == compares them; an OrderedDict (an LRU's order) as it is kept
+        return [name, str(len(value)), sorted(pairs, key=encoded) if kind is dict else pairs]
     if isinstance(value, set | frozenset):
         items = [describe(item, depth + 1) for item in islice(value, ITEMS)]
         return [name, str(len(value)), sorted(items, key=encoded)]
