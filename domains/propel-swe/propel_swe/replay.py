@@ -30,33 +30,32 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from propel_swe import replayer
+
+# the replayer's words for a call that ran past its time, and one during which the guard refused the change
+TIMEOUT, REFUSED = replayer.TIMEOUT, replayer.REFUSED
+
 RECORDER = (Path(__file__).parent / "recorder.py").read_bytes()
 REPLAYER = (Path(__file__).parent / "replayer.py").read_bytes()
 #: calls recorded in all, per test, and their pickles' bytes in all
 MAX_CALLS, MAX_PER_TEST, MAX_BYTES = 60, 20, 64 << 10
 VARIANTS = 4  # calls the replayer makes of its own per recorded call (one argument moved)
 CALL_SECONDS = 5.0  # what one call may take in the replayer
-TIMEOUT = '"timeout"'  # the call ran past its time
-NOT_REPLAYED = '["not replayed"'  # the call could not be loaded or found, or it left the process
+NOT_REPLAYED = f'["{replayer.NOT_REPLAYED}"'  # how an answer begins where the call could not be made
 UNANSWERED = (NOT_REPLAYED, TIMEOUT)  # the original code gave no answer: the call is not judged
-REFUSED = '"refused"'  # the change asked the guard for something during the call
 
 
 class Replay(BaseModel):
     """The calls a bug's failing tests make into the repository (recorded and moved), with the original
     code's answers: what a fix must answer again, outside the tests."""
 
-    calls: list[str] = Field(default_factory=list, description="pickled (module, qualified name, arguments), base64")
+    calls: list[str] = Field(
+        default_factory=list, description="pickled (module, qualified name, kind, layout, arguments), base64"
+    )
     shown: list[str] = Field(default_factory=list, description="each call, as a person reads it")
     answers: list[str] = Field(
         default_factory=list, description="digest of what the original code answered; empty: not judged"
     )
-
-    @property
-    def judged(self) -> int:
-        """How many calls a change's answers are compared on."""
-        return sum(bool(digest) for digest in self.answers)
-
     said: list[str] = Field(default_factory=list, description="the first characters of that answer")
     paths: list[str] = Field(
         default_factory=list,
@@ -65,6 +64,11 @@ class Replay(BaseModel):
     recorded_all: bool = Field(
         True, description="whether every call the failing tests made into the repository was recorded"
     )
+
+    @property
+    def judged(self) -> int:
+        """How many calls a change's answers are compared on."""
+        return sum(bool(digest) for digest in self.answers)
 
 
 def recording_orders(root: str, tests: list[str], sources: list[str], out: str) -> dict[str, Any]:
@@ -120,9 +124,9 @@ def of_the_original(
     in both its replays (``first``, ``second``); an empty answer (not judged) elsewhere. A change's
     replay makes every call, so each judged one meets the state the original's did."""
     replay = Replay(paths=paths, recorded_all=recorded_all)
+    again = second["answers"] if second is not None else []
     for index, (call, shown) in enumerate(calls):
         digest, said = first[index]
-        again = second["answers"] if second is not None else []
         stable = index < len(again) and again[index][0] == digest and not said.startswith(UNANSWERED)
         replay.calls.append(call)
         replay.shown.append(shown)

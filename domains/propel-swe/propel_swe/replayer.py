@@ -52,6 +52,7 @@ from pathlib import Path
 ITEMS, DEPTH, SHOWN = 200, 6, 160  # items of a container or iterator described, nesting, characters shown
 MADE_BYTES = 64 << 10  # the pickles of the calls it makes, in all
 TIMEOUT, NOT_REACHED, REFUSED = '"timeout"', '"not reached"', '"refused"'
+NOT_REPLAYED = "not replayed"  # the call could not be loaded or found, or it left the process
 # bound before any code of the repository runs (module attributes can be replaced; these names cannot be reached)
 WRITE, SHA, LOADS, DUMPS = os.write, hashlib.sha256, pickle.loads, pickle.dumps
 FROM_BASE64, TO_BASE64, IMPORT = binascii.a2b_base64, binascii.b2a_base64, importlib.import_module
@@ -122,7 +123,7 @@ def replay(call: str, seconds: float, arm, disarm, refusals, out_of_time) -> lis
     except out_of_time:
         description = TIMEOUT
     except BaseException as exc:  # it could not be loaded or found, or it left by SystemExit
-        description = encoded(["not replayed", type(exc).__name__])
+        description = encoded([NOT_REPLAYED, type(exc).__name__])
     finally:
         disarm()
     if len(refusals()) > before:  # the change asked the guard for something while this call ran
