@@ -127,3 +127,19 @@ def test_a_warning_is_part_of_what_a_call_answers():
     assert '"DeprecationWarning","going"' in deprecated[1]
     assert deprecated[0] != answer({"message": "going", "category": UserWarning})[0]
     assert deprecated[0] != answer({"message": "gone", "category": DeprecationWarning})[0]
+
+
+def test_replayed_verdicts_are_the_same_graded_in_many_threads(tiny_domain, verified):
+    """The replay's workspaces and processes are each grade's own: a revert, and a fix right only
+    where pytest is loaded (the replay refuses it on a recorded call), graded from four threads at
+    once as one by one."""
+    from propel_core.testing import assert_same_verdicts_concurrently
+
+    in_a_runner = reverted(BUG).replace(
+        "+    if value > high:", '+    if value > (high if ("py" + "test") in __import__("sys").modules else low):'
+    )
+    graded = [(verified, attempt(reverted(BUG))), (verified, attempt(in_a_runner))]
+    verdicts = [tiny_domain.grade(*pair) for pair in graded]
+    assert [verdict.solved for verdict in verdicts] == [True, False]
+    assert "the original code answers" in verdicts[1].reason, verdicts[1].reason
+    assert_same_verdicts_concurrently(tiny_domain, graded, threads=4, rounds=2)
