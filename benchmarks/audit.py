@@ -22,7 +22,7 @@ from pathlib import Path
 
 from timing import compare
 
-from propel_core.config import load_config
+from propel_core.plans import load_config
 from propel_core.plugins import Registry
 from propel_core.run import Run
 from propel_core.stages.extract import extract

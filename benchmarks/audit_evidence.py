@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from frontier_shift import evaluate_arm
 
-from propel_core.evaluation import arm_metrics, evaluation_seed
+from propel_core.evaluation import arm_metrics
+from propel_core.plans import evaluation_plan, generator_plan
 from propel_core.probes.bundles import load_probe
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import start_run
@@ -37,11 +39,12 @@ AUDIT = ["train.audit.every=3", "train.audit.tasks=16", "train.audit.k=8", "trai
 
 def trained(run, folder: Path, main_probe: Path) -> list[dict]:
     """The hard arm, RL seed 0, audited; its audit records by step."""
-    config = run.config
-    reward = config.reward.model_copy(update={"rule": "hard", "main_probe": str(main_probe)})
-    audit = audit_of(run.services, folder, config.train.audit, config.solver, config.label, 0)
+    plan = generator_plan(run.config, folder, seed=0, rule="hard")
+    reward = plan.reward.model_copy(update={"main_probe": str(main_probe)})
+    plan = replace(plan, reward=reward, checkpoint_every=100, resume=False)
+    audit = audit_of(run.services, folder, plan.audit)
     shutil.rmtree(folder, ignore_errors=True)
-    train_generator(run.services, folder, config.generator, config.train, config.lora, reward, 0, 100, audit=audit)
+    train_generator(run.services, plan, audit)
     records = [json.loads(line) for line in (folder / "audit.jsonl").read_text().splitlines()]
     ending = f"stopped after step {audit.stopped_at}" if audit.stop_reason else "ran every step"
     print(f"{folder.name}: {ending}")
@@ -65,8 +68,8 @@ def main() -> None:
     selected = run.dir / "probes" / "selected"
     honest = trained(run, run.dir / "audited" / "honest", selected)
 
-    evaluation = evaluation_seed(run.config.seed, 0)
-    contexts = run.context_sampler(evaluation).sample(run.config.evaluate.num_tasks)
+    evaluation = evaluation_plan(run.config)
+    contexts = evaluation.contexts.sampler(run.services).sample(evaluation.num_tasks)
     folder = run.dir / "audited" / "honest-eval"
     probe = load_probe(selected, run.registry)
     evaluate_arm(run, contexts, run.dir / "audited" / "honest" / "adapter", folder, evaluation, probe)

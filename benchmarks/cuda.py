@@ -36,8 +36,9 @@ from pathlib import Path
 import torch
 from timing import compare, report
 
-from propel_core.config import Sampling, validate_config
+from propel_core.config import Sampling
 from propel_core.embedded import GGUF_FILE, _gguf_location, resolve_model
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.probes.activations import pooled_activations
 from propel_core.probes.bundles import load_probe

@@ -23,8 +23,9 @@ import argparse
 import torch
 from timing import compare, ratio, report
 
-from propel_core.config import ModelConfig, validate_config
+from propel_core.config import ModelConfig
 from propel_core.execution import job_seed, task_id
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.probes.activations import pooled_activations
 from propel_math.pools import BUILTIN_POOLS, builtin_pool

@@ -32,13 +32,14 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from experiment import ARMS, FILE, TRAINED, Timings, figures, summarize
 
 from propel_core.errors import PropelError
-from propel_core.evaluation import evaluation_seed
-from propel_core.execution import sample_and_label, solver_labels
+from propel_core.execution import sample_and_label
+from propel_core.plans import EvaluationPlan, evaluation_plan, generator_plan
 from propel_core.probes.bundles import load_probe
 from propel_core.probes.cells import ensemble_probes
 from propel_core.records import Label, Task, iter_jsonl
@@ -55,26 +56,16 @@ def train_arm(run: Run, seed: int, rule: str, probes: list[Path], folder: Path) 
     RL seed; the solver-in-the-loop arm's live labels are seeded by the RL seed too. The ``hard`` arm
     is audited when ``train.audit.every`` is set (the train stage's audit: K = ``train.audit.k`` or
     ``label.k``)."""
-    config = run.config
-    reward = config.reward.model_copy(update={"rule": rule, "probes": [str(p) for p in probes]})
-    solve = solver_labels(run.services, config.solver, config.label, seed, "solver in the loop")
-    audit = None
-    if rule == "hard" and config.train.audit.every:
-        audit = audit_of(run.services, folder, config.train.audit, config.solver, config.label, seed)
-    every = config.checkpoint.every
-    train_generator(
-        run.services, folder, config.generator, config.train, config.lora, reward, seed, every, solve, audit=audit
-    )
+    plan = replace(generator_plan(run.config, folder, seed, rule).with_probes(probes), resume=False)
+    audit = audit_of(run.services, folder, plan.audit) if rule == "hard" and plan.audit is not None else None
+    train_generator(run.services, plan, audit)
 
 
-def evaluate_arm(run: Run, contexts, adapter: Path | None, folder: Path, seed: int, probe) -> None:
-    """Sample and solve one arm's tasks into ``folder`` with the evaluate stage's settings (K =
-    ``evaluate.k``, the evaluation seed ``seed``); keep the probe's logit of each labeled task
+def evaluate_arm(run: Run, contexts, adapter: Path | None, folder: Path, plan: EvaluationPlan, probe) -> None:
+    """Sample and solve one arm's tasks into ``folder`` as the evaluate stage does (``plan``: K =
+    ``evaluate.k``, the evaluation seed of an RL seed); keep the probe's logit of each labeled task
     (``probe_logits.json``) for the diagnostics, never for the verdict."""
-    config = run.config
-    label = config.label.model_copy(update={"k": config.evaluate.k})
-    generator = config.generator.with_adapter(adapter)
-    tasks, labels = sample_and_label(run.services, generator, contexts, folder, config.solver, label, seed)
+    tasks, labels = sample_and_label(run.services, plan, adapter, contexts, folder)
     labels = [label for label in labels if label.utility is not None]
     text = {task.id: task.text for task in tasks}
     scores = probe.score([text[label.task_id] for label in labels]) if labels else []
@@ -154,8 +145,8 @@ def main(argv: list[str] | None = None) -> None:
             probes = extra if arm == "wco" else []
             work = lambda s=seed, r=ARMS[arm], p=probes, f=folder: train_arm(run, s, r, p, f)  # noqa: E731
             timings.run(("train", arm, str(seed)), work)
-        evaluation = evaluation_seed(run.config.seed, seed)
-        contexts = run.context_sampler(evaluation).sample(run.config.evaluate.num_tasks)
+        evaluation = evaluation_plan(run.config, seed)
+        contexts = evaluation.contexts.sampler(run.services).sample(evaluation.num_tasks)
         for arm in ("base", *trained):
             adapter = None if arm == "base" else root / arm / f"seed-{seed}" / "adapter"
             folder = root / "eval" / f"seed-{seed}" / arm

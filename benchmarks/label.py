@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 from timing import compare, ratio, report
 
-from propel_core.config import validate_config
 from propel_core.domain import make_task
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.records import JsonlWriter, Label, iter_jsonl
 from propel_core.run import Run

@@ -32,10 +32,11 @@ import yaml
 from timing import compare, ratio, report
 
 from propel_core import hookimpl
-from propel_core.config import DomainConfig, ModelConfig, Sampling, load_config, validate_config
+from propel_core.config import DomainConfig, ModelConfig, Sampling
 from propel_core.contracts import Attempt, Episode
 from propel_core.embedded import cache_dir
 from propel_core.execution import job_seed, sample_tasks, task_id
+from propel_core.plans import load_config, validate_config
 from propel_core.plugins import Registry, get_plugin_manager
 from propel_core.run import Run
 from propel_core.testing import serving_embedded_model

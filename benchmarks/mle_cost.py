@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from timing import compare, ratio, report
 
-from propel_core.config import validate_config
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.probes.bundles import load_probe
 from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity

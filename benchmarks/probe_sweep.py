@@ -28,7 +28,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from timing import compare, report
 
-from propel_core.config import ModelConfig, ProbeConfig, validate_config
+from propel_core.config import ModelConfig, ProbeConfig
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.probes.activations import activation_file, pooled_activations
 from propel_core.probes.cells import splits

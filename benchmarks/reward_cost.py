@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 from timing import compare, ratio, report
 
-from propel_core.config import validate_config
 from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.execution import sample_tasks, solver_labels
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.probes.bundles import save_bundle
 from propel_core.probes.heads import TrainedProbe
@@ -47,9 +47,8 @@ K, LAYER = 8, 15
 def scorer(run: Run, probe: Path):
     """The reward function the train stage gives GRPO under the run's config (the probe bundle read
     only by a rule that needs it)."""
-    config = run.config
-    solve = solver_labels(run.services, config.solver, config.label, config.seed)
-    return reward_scorer(run.services, config.reward, config.train, probe, solve)
+    plan = run.plans.train
+    return reward_scorer(run.services, plan.reward, plan.train, probe, solver_labels(run.services, plan.solve))
 
 
 def main() -> None:

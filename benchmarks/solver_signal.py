@@ -36,9 +36,9 @@ import statistics
 import time
 from pathlib import Path
 
-from propel_core.config import validate_config
 from propel_core.domain import make_task
 from propel_core.execution import graded_attempts
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.probes.metrics import spearman
 from propel_core.run import Run

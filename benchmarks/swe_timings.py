@@ -31,9 +31,10 @@ from pathlib import Path
 import yaml
 from timing import compare, report
 
-from propel_core.config import ModelConfig, validate_config
+from propel_core.config import ModelConfig
 from propel_core.embedded import cache_dir
 from propel_core.errors import PropelError
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.records import Context
 from propel_core.worker import model_reply

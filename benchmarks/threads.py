@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from timing import compare, ratio, report
 
-from propel_core.config import validate_config
 from propel_core.execution import sample_tasks
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.run import Run
 from propel_plugins.executors import available_cores, chosen_threads

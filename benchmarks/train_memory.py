@@ -44,8 +44,8 @@ def main() -> None:
     import trl  # noqa: F401
     from transformers import TrainerCallback
 
-    from propel_core.config import load_config
     from propel_core.embedded import EMBEDDED_MODEL_ID
+    from propel_core.plans import load_config
     from propel_core.plugins import Registry
     from propel_core.probes.bundles import save_bundle
     from propel_core.probes.heads import TrainedProbe

@@ -30,9 +30,10 @@ from pathlib import Path
 
 from timing import compare, ratio, report
 
-from propel_core.config import ModelConfig, load_config, validate_config
+from propel_core.config import ModelConfig
 from propel_core.contracts import Attempt
 from propel_core.execution import job_seed, sample_tasks
+from propel_core.plans import load_config, validate_config
 from propel_core.plugins import Registry
 from propel_core.run import Run
 from propel_core.worker import Worker

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from propel_core.config import load_config
+from propel_core.plans import load_config
 from propel_core.plugins import Registry
 from propel_core.run import Run
 from propel_core.stages.solve import solve_train

@@ -19,7 +19,8 @@ PUBLIC = {
         "Context", "Task", "Validity", "SolverAttempt", "Label", "JsonlWriter", "iter_jsonl", "to_json", "encode",
     ),
     "propel_core.errors": ("PropelError", "RewardError", "Unavailable"),
-    "propel_core.config": ("ModelConfig", "Sampling", "RewardConfig", "PropelConfig", "load_config"),
+    "propel_core.config": ("ModelConfig", "Sampling", "RewardConfig", "PropelConfig"),
+    "propel_core.plans": ("load_config",),
     "propel_core.backend": (
         "ModelBackend", "HiddenStates", "Prompt", "Completion", "as_messages", "as_text", "prefill", "prompt_text",
         "before_stop", "end_tokens",

@@ -95,7 +95,7 @@ def demo_figure_line(config, registry, results: dict) -> str | None:
     """How a demo run's figure (``eval/metrics.json``) compares with the one measured for the built-in
     config (:data:`DEMO_FIGURE`); None when overrides changed anything but ``run_dir``, for then the
     measured figure is about another setting."""
-    from propel_core.config import load_config
+    from propel_core.plans import load_config
 
     built_in = load_config(str(DEMO_CONFIG), [f"run_dir={config.run_dir}"], registry=registry)
     if config != built_in:
@@ -204,7 +204,8 @@ def print_config(arguments: tuple[str, ...]) -> None:
     """Print the resolved, validated config and run nothing.
 
     Reads the CONFIG files, merged in order (later ones win), then the key=value OVERRIDES."""
-    from propel_core.config import dump_config, load_config
+    from propel_core.config import dump_config
+    from propel_core.plans import load_config
     from propel_core.plugins import Registry
 
     configs, overrides = split_arguments(arguments)
@@ -228,7 +229,7 @@ def check_command(arguments: tuple[str, ...], samples: str) -> None:
     again from 8 threads at once, as the executor does. Loads no model and writes nothing; exits 1 when
     it found a problem."""
     from propel_core.checks import check_domain, read_samples
-    from propel_core.config import load_config
+    from propel_core.plans import load_config
     from propel_core.plugins import Registry
 
     registry = Registry.build(PLUGIN_MANAGER)

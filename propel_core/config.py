@@ -1,4 +1,5 @@
-"""Run configuration: YAML files + ``key=value`` overrides, validated into typed sections.
+"""The schema of a run's configuration: typed sections, validated (reading YAML files and ``key=value``
+overrides into it, and the plans it gives the library, are :mod:`propel_core.plans`'s).
 
 Defaults are the paper's (appendices 14 and 16) where it gives one. Every problem is reported before
 any model loads, naming the key, the bad value and what is allowed; names of plugin components
@@ -168,12 +169,6 @@ class LabelConfig(Section):
                 self.band_high,
             )
         return self
-
-    def at_k(self, k: int) -> LabelConfig:
-        """These settings with ``k`` attempts, validated (a copy would skip the checks): the labels the
-        evaluation (``evaluate.k``) and the audit (``train.audit.k``) make. ``PropelConfig`` checks
-        when the config is read that every such K suits ``min_valid_attempts``."""
-        return LabelConfig.model_validate({**self.model_dump(), "k": k})
 
     def reachable_in_band(self) -> bool:
         """Whether some solve rate j/n (n gradable attempts, ``min_valid_attempts`` <= n <= k) is in band."""
@@ -528,52 +523,10 @@ class PropelConfig(Section):
         return [value] if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _derived_labels_suit_the_label_settings(self) -> PropelConfig:
-        """evaluate.k and train.audit.k label with the label settings: fewer attempts than
-        ``label.min_valid_attempts`` would leave every label they make unknown, after the solver's cost."""
-        needs = self.label.min_valid_attempts
-        for setting, k in (("evaluate.k", self.evaluate.k), ("train.audit.k", self.train.audit.k)):
-            if k is not None and k < needs:
-                raise ValueError(
-                    f"{setting} ({k}) is below label.min_valid_attempts ({needs}), so every label it makes would "
-                    f"leave utility unknown; raise {setting} or lower label.min_valid_attempts"
-                )
-        return self
-
-    @model_validator(mode="after")
     def _reference_defaults_to_generator(self) -> PropelConfig:
         if self.reference.model is None:
             self.reference.model = self.generator.model
         return self
-
-
-def load_config(
-    paths: list[str | Path] | str | Path, overrides: list[str] = (), registry: Registry | None = None
-) -> PropelConfig:
-    """Merge YAML files and dotlist overrides, validate, and check component names.
-
-    ``registry`` defaults to one built from the installed plugins.
-    """
-    import yaml
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    if isinstance(paths, str | Path):
-        paths = [paths]
-    try:
-        layers = []
-        for path in paths:
-            if not Path(path).is_file():
-                raise ConfigError(f"config file not found: {path}")
-            layers.append(OmegaConf.load(path))
-        for override in overrides:
-            if readable(override) != override:  # YAML text is Unicode; an undecodable file name is not
-                raise ConfigError(f"override {readable(override)} is not valid UTF-8 (a file name's bytes?)")
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
-        data = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
-    except (OmegaConfBaseException, yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config: {' '.join(readable(str(exc)).split())}") from None
-    return validate_config(data or {}, registry)
 
 
 #: a URL anywhere in a string (a leading space, a command around it), and a scheme-less ``//host``
@@ -636,19 +589,6 @@ def url_credentials(data: Any) -> list[str]:
                 "api_key_env"
             )
     return sorted(found)
-
-
-def validate_config(data: dict[str, Any], registry: Registry | None = None) -> PropelConfig:
-    if problems := url_credentials(data):
-        raise ConfigError("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
-    try:
-        config = PropelConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_errors(exc)) from None
-    problems = check_components(config, registry or Registry.build())
-    if problems:
-        raise ConfigError("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
-    return config
 
 
 def check_components(model: BaseModel, registry: Registry, prefix: str = "") -> list[str]:

@@ -29,6 +29,7 @@ from propel_core.errors import PropelError
 from propel_core.records import Context, JsonlWriter, Label, Record, SolverAttempt, Task, iter_jsonl, put_in_order
 
 if TYPE_CHECKING:
+    from propel_core.plans import EvaluationPlan, LabelPlan
     from propel_core.services import Services
 
 log = logging.getLogger("propel")
@@ -162,19 +163,11 @@ def ungradable_line(stage: str, labels: list[Label]) -> str | None:
     )
 
 
-def label_tasks(
-    services: Services,
-    tasks: list[Task],
-    path: Path,
-    solver: ModelConfig,
-    label: LabelConfig,
-    seed: int,
-    redo: bool = False,
-    description: str = "label",
-) -> list[Label]:
-    """Label ``tasks`` (valid ones) into ``path`` with ``label.k`` attempts each by ``solver``, skipping
-    every task that already has a label there; with ``redo``, a label holding an ungradable attempt is
-    made again, its ungradable attempts run anew and its gradable ones kept (:func:`reopen_ungradable`)."""
+def label_tasks(services: Services, tasks: list[Task], path: Path, plan: LabelPlan, redo: bool = False) -> list[Label]:
+    """Label ``tasks`` (valid ones) into ``path`` as ``plan`` says (``label.k`` attempts each by its
+    solver), skipping every task that already has a label there; with ``redo``, a label holding an
+    ungradable attempt is made again, its ungradable attempts run anew and its gradable ones kept
+    (:func:`reopen_ungradable`)."""
     if redo:
         reopen_ungradable(path)
     done = {existing.task_id for existing in iter_jsonl(path, Label)}
@@ -184,8 +177,11 @@ def label_tasks(
     if todo:
         journal = journal_path(path)
         with JsonlWriter(path) as out:
-            for task, attempts in graded_attempts(services, todo, label.k, solver, seed, journal, description, redo):
-                out.write(label_of(task, attempts, label))
+            graded = graded_attempts(
+                services, todo, plan.label.k, plan.solver, plan.seed, journal, plan.description, redo
+            )
+            for task, attempts in graded:
+                out.write(label_of(task, attempts, plan.label))
     journal_path(path).unlink(missing_ok=True)  # every label is whole now
     put_in_order(path, Label, lambda label: label.task_id)
     return list(iter_jsonl(path, Label))
@@ -216,16 +212,14 @@ def reopen_ungradable(path: Path) -> None:
     log.info("%s: %d labels with ungradable attempts are made again", path.name, len(reopened))
 
 
-def solver_labels(
-    services: Services, solver: ModelConfig, label: LabelConfig, seed: int, description: str = "solve"
-) -> Callable[[list[Task]], list[Label]]:
-    """A function that labels tasks now, with no file: what a reward that reads live solver utility
+def solver_labels(services: Services, plan: LabelPlan) -> Callable[[list[Task]], list[Label]]:
+    """A function that labels tasks now as ``plan`` says, with no file: what a reward that reads live solver utility
     (the solver-in-the-loop baseline) calls once per batch, and an audit. Its labels come in the order
     of the tasks given, whatever order their attempts finished in."""
 
     def solve(tasks: list[Task]) -> list[Label]:
-        graded = graded_attempts(services, tasks, label.k, solver, seed, description=description)
-        labels = {task.id: label_of(task, attempts, label) for task, attempts in graded}
+        graded = graded_attempts(services, tasks, plan.label.k, plan.solver, plan.seed, description=plan.description)
+        labels = {task.id: label_of(task, attempts, plan.label) for task, attempts in graded}
         return [labels[task.id] for task in tasks if task.id in labels]
 
     return solve
@@ -274,17 +268,17 @@ def sample_tasks(services: Services, model: ModelConfig, contexts: list[Context]
 
 def sample_and_label(
     services: Services,
-    generator: ModelConfig,
+    plan: EvaluationPlan,
+    adapter: Path | None,
     contexts: list[Context],
     folder: Path,
-    solver: ModelConfig,
-    label: LabelConfig,
-    seed: int,
     redo: bool = False,
 ) -> tuple[list[Task], list[Label]]:
-    """One arm of an evaluation: a task per context from ``generator`` (``folder/tasks.jsonl``), and
-    the valid ones labeled by ``solver`` (``folder/labels.jsonl``); both files resume (``redo``: see
+    """One arm of an evaluation: a task per context from the plan's generator with ``adapter`` (None:
+    the base model) into ``folder/tasks.jsonl``, and the valid ones labeled as ``plan.labels`` says
+    (``folder/labels.jsonl``); both seeded by the evaluation's seed, both resume (``redo``: see
     :func:`label_tasks`)."""
-    tasks = sample_tasks(services, generator, contexts, folder / "tasks.jsonl", seed)
+    generator = plan.generator.with_adapter(adapter)
+    tasks = sample_tasks(services, generator, contexts, folder / "tasks.jsonl", plan.labels.seed)
     valid = [task for task in tasks if task.validity.valid]
-    return tasks, label_tasks(services, valid, folder / "labels.jsonl", solver, label, seed, redo, "evaluate")
+    return tasks, label_tasks(services, valid, folder / "labels.jsonl", plan.labels, redo)

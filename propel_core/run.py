@@ -2,11 +2,11 @@
 progress bar and the channel for what it tells the user.
 
 Stages read ``run.config``; the library they call (execution, training, probes, evaluation, ...) never
-sees the ``Run``: it takes ``run.services`` (:class:`~propel_core.services.Services`, no config) and
-gets every setting as an argument (a value or a config section), so a caller that needs another
-value (evaluation's seed and K, co-evolution's reward rule) passes a section copied with that value
-changed, never a modified whole config. Plugin commands
-build their run with :func:`start_run`, as the CLI's verbs do.
+sees the ``Run``: it takes ``run.services`` (:class:`~propel_core.services.Services`, no config) and a
+plan (``run.plans``, :mod:`propel_core.plans`), every setting of the call in it, derived ones included
+(evaluation's seed and K, co-evolution's reward rule) and checked when the config was read. A caller
+that needs another folder or seed builds its plan with the same builder. Plugin commands build their
+run with :func:`start_run`, as the CLI's verbs do.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from typing import Any
 import click
 
 from propel_core.backend import ModelBackend
-from propel_core.config import ModelConfig, PropelConfig, dump_config, load_config, spelled_out
+from propel_core.config import ModelConfig, PropelConfig, dump_config, spelled_out
 from propel_core.contracts import ContextSampler, Executor
 from propel_core.domain import Domain
 from propel_core.errors import PropelError
+from propel_core.plans import Plans, load_config, plans_of, sampler_plan
 from propel_core.plugins import Registry
 from propel_core.provenance import claim
 from propel_core.ranks import is_main, join, launch_warning
@@ -94,10 +95,12 @@ class Run:
     def context_sampler(self, seed: int) -> ContextSampler:
         """A fresh sampler of the configured kind (``generate.context_sampler``) over the domain's
         contexts, seeded ``seed``."""
-        generate = self.config.generate
-        return self.registry.context_sampler(
-            generate.context_sampler, self.domain().contexts(), seed, **generate.sampler_options
-        )
+        return sampler_plan(self.config, seed).sampler(self.services)
+
+    @cached_property
+    def plans(self) -> Plans:
+        """What this run's config plans for each library entry point (``propel_core.plans``)."""
+        return plans_of(self.config)
 
     def worker(self, model: ModelConfig) -> Worker:
         """What a job of this run runs with: the domain and ``model`` with its sampling."""
@@ -109,14 +112,13 @@ class Run:
     @cached_property
     def services(self) -> Services:
         """What the library gets from this run (no config): its registry, folder, domain, executor,
-        workers, context samplers, trackers, progress bars, ``say`` and its ungradable attempts."""
+        workers, trackers, progress bars, ``say`` and its ungradable attempts."""
         return Services(
             self.registry,
             self.dir,
             self.domain,
             self.executor,
             self.worker,
-            self.context_sampler,
             lambda: self.tracker,
             self.track,
             self.progress,

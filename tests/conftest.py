@@ -140,7 +140,7 @@ def planted_run():
 def one_cell_run():
     """``one_cell_run(folder)``: a countdown run in ``folder`` whose probe sweep is one cell (layer 8,
     mean_full, linear)."""
-    from propel_core.config import validate_config
+    from propel_core.plans import validate_config
     from propel_core.plugins import Registry
     from propel_core.run import Run
 

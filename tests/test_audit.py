@@ -4,12 +4,13 @@ through the executor (local threads, and the two-node Ray test cluster)."""
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from propel_core.config import validate_config
 from propel_core.execution import label_tasks
+from propel_core.plans import label_plan, validate_config
 from propel_core.plugins import Registry
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run
@@ -74,15 +75,9 @@ def test_an_audit_of_every_step_with_the_label_stages_labels(audited, tmp_path):
     tasks = list(iter_jsonl(audited.dir / "train" / "audit" / "tasks.jsonl", Task))
     assert [t.id.split("-")[1] for t in tasks].count("0") == 3  # the sample's size, from each step
     labels = {label.task_id: label for label in iter_jsonl(audited.dir / "train" / "audit" / "labels.jsonl", Label)}
-    config = audited.config
-    again = label_tasks(  # the label stage labels the valid tasks
-        audited,
-        [task for task in tasks if task.validity.valid],
-        tmp_path / "labels.jsonl",
-        config.solver,
-        config.label.model_copy(update={"k": 4}),
-        config.seed,
-    )
+    plan = label_plan(audited.config, k=4)
+    valid = [task for task in tasks if task.validity.valid]
+    again = label_tasks(audited.services, valid, tmp_path / "labels.jsonl", plan)  # as the label stage labels them
     assert labels and {label.task_id: label for label in again} == labels
     for record in found:
         assert record["trials"] == 4 * sum(
@@ -206,12 +201,11 @@ def small(tmp_path):
 
 def audit_of(run, folder, **options):
     from propel_core.config import AuditConfig
+    from propel_core.plans import AuditPlan
     from propel_core.training import audit
 
-    config = run.config
-    return audit.audit_of(
-        run.services, folder, AuditConfig(every=1, tasks=4, **options), config.solver, config.label, config.seed
-    )
+    plan = AuditPlan(AuditConfig(every=1, tasks=4, **options), replace(run.plans.label, description="audit"))
+    return audit.audit_of(run.services, folder, plan)
 
 
 def audit_steps(audit, policy, steps, upto: int, probability: float = 0.5):
@@ -307,12 +301,15 @@ def test_a_stop_met_before_the_checkpoint_still_holds(small, tmp_path):
 
 
 def test_an_audit_counts_the_k_the_probe_learned_unless_told(small):
-    from propel_core.config import validate_config
     from propel_core.errors import PropelError
-    from propel_core.training.audit import audit_label
+    from propel_core.plans import generator_plan, validate_config
 
     run, _, _ = small
-    assert audit_label(run.config.label, None).k == run.config.label.k and audit_label(run.config.label, 3).k == 3
+    data = run.config.model_dump(mode="json")
+    data["train"]["audit"] = {"every": 1}
+    assert generator_plan(validate_config(data)).audit.labels.label.k == run.config.label.k
+    data["train"]["audit"]["k"] = 3
+    assert generator_plan(validate_config(data)).audit.labels.label.k == 3
     for section, k in (("train", {"audit": {"k": 4}}), ("evaluate", {"k": 4})):  # when the config is read
         setting = f"{section}.{'audit.' if section == 'train' else ''}k"
         with pytest.raises(PropelError, match=rf"{setting} \(4\) is below label.min_valid_attempts \(6\)"):

@@ -13,7 +13,7 @@ def test_help_lists_verbs(propel_cli):
 
 def test_the_demo_compares_its_figure_with_the_measured_one_only_on_the_built_in_config(propel_registry):
     from propel_core.cli import DEMO_CONFIG, DEMO_FIGURE, demo_figure_line
-    from propel_core.config import load_config
+    from propel_core.plans import load_config
 
     measured = json.loads(DEMO_FIGURE.read_text())
 

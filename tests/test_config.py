@@ -2,7 +2,8 @@
 
 import pytest
 
-from propel_core.config import ConfigError, load_config, validate_config
+from propel_core.config import ConfigError
+from propel_core.plans import load_config, validate_config
 
 
 @pytest.fixture
@@ -163,6 +164,16 @@ def test_a_band_no_solve_rate_can_reach_is_named_when_the_config_is_read(propel_
     config = validate_config({"domain": {"name": "countdown"}, "label": label}, propel_registry)
     assert config.label.reachable_in_band() is reachable
     assert ("no solve rate that k=" in caplog.text) is not reachable
+
+
+def test_a_band_the_evaluations_k_cannot_reach_is_named_once_with_its_setting(propel_registry, caplog):
+    """Labels at another K (evaluate.k, train.audit.k) are planned when the config is read: a band no
+    solve rate at that K reaches is said once, naming the setting; at the label section's own K, or a
+    K that reaches it, nothing is said of it."""
+    data = {"domain": {"name": "countdown"}, "evaluate": {"k": 2}, "train": {"audit": {"every": 1, "k": 3}}}
+    validate_config(data, propel_registry)
+    assert caplog.text.count("no solve rate") == 1 and "evaluate.k: no solve rate that k=2" in caplog.text
+    assert "raise evaluate.k" in caplog.text
 
 
 def test_a_component_options_are_read_as_its_factory_reads_them(propel_registry):

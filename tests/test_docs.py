@@ -112,7 +112,8 @@ def test_readme_names_every_domain(monkeypatch):
 
 
 def test_config_doc_quotes_the_real_errors(propel_registry):
-    from propel_core.config import ConfigError, validate_config
+    from propel_core.config import ConfigError
+    from propel_core.plans import validate_config
 
     text = " ".join((ROOT / "docs" / "config.md").read_text().split())
     with pytest.raises(ConfigError) as err:
@@ -126,7 +127,7 @@ def test_config_doc_examples_are_configs_propel_accepts(propel_registry):
     config, alone, and each later one (a section) merged over it."""
     import yaml
 
-    from propel_core.config import validate_config
+    from propel_core.plans import validate_config
 
     text = (ROOT / "docs" / "config.md").read_text()
     smallest, *sections = [yaml.safe_load(block) for block in re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M)]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from propel_core.config import validate_config
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry, get_plugin_manager
 
 

@@ -94,7 +94,8 @@ def registry(example_sandbox_plugin_site, monkeypatch):
 def test_the_packages_config_reads_and_a_misspelt_sandbox_option_is_refused(registry):
     import yaml
 
-    from propel_core.config import ConfigError, validate_config
+    from propel_core.config import ConfigError
+    from propel_core.plans import validate_config
 
     data = yaml.safe_load((PACKAGES[1] / "int_function.yaml").read_text())
     config = validate_config(data, registry)

@@ -9,13 +9,14 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from propel_core.config import validate_config
 from propel_core.domain import make_task
 from propel_core.execution import label_tasks, task_id
+from propel_core.plans import validate_config
 from propel_core.records import JsonlWriter, Label, Task, iter_jsonl
 from propel_core.run import Run
 
@@ -70,7 +71,7 @@ def experiment(tmp_path_factory):
         for task in corpus:
             out.write(task)
     valid = [task for task in corpus if task.validity.valid]
-    label_tasks(run.services, valid, folder / "labels.jsonl", run.config.solver, run.config.label, run.config.seed)
+    label_tasks(run.services, valid, folder / "labels.jsonl", run.plans.label)
     for seed in SEEDS:
         evaluation = _run(registry, folder, seed=1000 + seed)
         for arm in ARMS:
@@ -80,9 +81,7 @@ def experiment(tmp_path_factory):
                 for task in tasks:
                     out.write(task)
             valid = [task for task in tasks if task.validity.valid]
-            label_tasks(
-                evaluation.services, valid, where / "labels.jsonl", run.config.solver, run.config.label, 1000 + seed
-            )
+            label_tasks(evaluation.services, valid, where / "labels.jsonl", replace(run.plans.label, seed=1000 + seed))
             # a probe that scores every in-band task +1 and every other labeled task -1
             labeled = list(iter_jsonl(where / "labels.jsonl", Label))
             logits = {label.task_id: 1.0 if label.utility else -1.0 for label in labeled}
@@ -96,7 +95,7 @@ def experiment(tmp_path_factory):
             train={"group_size": 2, "per_device_batch": 2},
         )
         (root / "sil" / f"seed-{seed}").mkdir(parents=True)
-        solve = solver_labels(sil.services, sil.config.solver, sil.config.label, seed)
+        solve = solver_labels(sil.services, replace(sil.plans.label, seed=seed))
         log_path = root / "sil" / f"seed-{seed}" / "reward_log.jsonl"
         scorer = reward_scorer(
             sil.services, sil.config.reward, sil.config.train, folder / "probes", solve, log_path=log_path

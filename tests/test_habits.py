@@ -158,6 +158,21 @@ def test_configs_merge_in_order_and_print_resolved(tmp_path, propel_cli):
     assert missing.returncode != 0 and "nope.yaml" in missing.stderr
 
 
+def test_propel_config_refuses_a_derived_setting_before_any_stage_runs(tmp_path, propel_cli):
+    """evaluate.k below label.min_valid_attempts leaves every evaluation label unknown after the
+    solver's whole cost: the evaluation's plan refuses it when the config is read, in one line naming
+    both settings; the same config with evaluate.k raised is printed."""
+    (tmp_path / "c.yaml").write_text(
+        f"run_dir: {tmp_path / 'run'}\ndomain: {{name: countdown}}\nlabel: {{k: 8, min_valid_attempts: 6}}\n"
+    )
+    refused = propel_cli("config", str(tmp_path / "c.yaml"), "evaluate.k=4", check=False)
+    lines = [line for line in refused.stderr.splitlines() if "evaluate.k (4)" in line]
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+    assert len(lines) == 1 and "label.min_valid_attempts (6)" in lines[0], refused.stderr
+    assert propel_cli("config", str(tmp_path / "c.yaml"), "evaluate.k=6").returncode == 0
+    assert not (tmp_path / "run").exists()
+
+
 def test_export_is_a_dataset_that_loads_without_propel(tmp_path, propel_cli):
     from datasets import load_from_disk
 
@@ -386,7 +401,7 @@ def test_a_training_on_two_processes_writes_each_step_once_and_resumes_after_kil
 def test_a_stages_own_settings_replace_what_its_inputs_recorded(tmp_path):
     """The probe stage records the reward options it selected with; a training whose own options are
     fewer (an option dropped, back to its default) is another training, not the probe's options again."""
-    from propel_core.config import validate_config
+    from propel_core.plans import validate_config
     from propel_core.provenance import claim
 
     def config(**options):
@@ -457,7 +472,7 @@ def test_a_finished_adapter_without_checkpoints_is_not_retrained_under_another_r
     """Checkpoints removed to free the disk leave the adapter: a rerun with another rule still refuses,
     and the adapter is still there after the refusal (the claim comes before anything is removed). An
     evaluation's base arm does not depend on what was trained."""
-    from propel_core.config import validate_config
+    from propel_core.plans import validate_config
     from propel_core.provenance import claim
 
     cfg = tmp_path / "run.yaml"
@@ -562,7 +577,8 @@ def test_settings_recorded_before_defaults_and_versions_were_still_resume(tmp_pa
     for lacking them, also where a record took its values from an input recorded the old way and the
     input is rewritten later; an option it holds is still compared, so one set then and left to its
     default now refuses."""
-    from propel_core.config import resolved, validate_config
+    from propel_core.config import resolved
+    from propel_core.plans import validate_config
     from propel_core.provenance import flat, settings_of
     from propel_core.run import Run
 

@@ -9,9 +9,10 @@ from click.testing import CliRunner
 
 from propel_core import hookimpl
 from propel_core.cli import PropelGroup, add_plugin_commands
-from propel_core.config import RewardConfig, Sampling, validate_config
+from propel_core.config import RewardConfig, Sampling
 from propel_core.domain import Domain, ParseError, Verdict, make_task
 from propel_core.errors import PropelError
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry, get_plugin_manager
 from propel_core.records import Context, Validity
 

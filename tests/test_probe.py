@@ -366,7 +366,7 @@ def test_logistic_without_scikit_learn_names_the_extra(monkeypatch):
 def test_sweep_cells_equal_one_at_a_time_training(tmp_path):
     """The probe stage, seeds x balances x architectures (logistic too) per feature matrix, reports per
     cell what training each head alone gives."""
-    from propel_core.config import validate_config
+    from propel_core.plans import validate_config
     from propel_core.run import Run
     from propel_core.stages.probe import probe
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from propel_core.config import validate_config
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.probes.bundles import load_probe
 from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from propel_core.config import validate_config
 from propel_core.contracts import Attempt
 from propel_core.domain import make_task
 from propel_core.errors import PropelError
 from propel_core.execution import job_seed, label_tasks
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.run import Run
 from propel_core.worker import Worker
@@ -59,11 +59,6 @@ def azr_run(folder, server, executor) -> Run:
     return Run(config, Registry.build(), quiet=True)
 
 
-def labeling(run):
-    """label_tasks's solver, label settings and seed, from the run's config."""
-    return run.config.solver, run.config.label, run.config.seed
-
-
 def by_task(labels):
     return sorted(labels, key=lambda label: label.task_id)
 
@@ -71,12 +66,12 @@ def by_task(labels):
 @pytest.fixture(scope="module")
 def local_labels(azr_tasks, propel_loopback_server, tmp_path_factory):
     run = azr_run(tmp_path_factory.mktemp("local"), propel_loopback_server, {"name": "local", "workers": 4})
-    return by_task(label_tasks(run.services, azr_tasks, run.dir / "labels.jsonl", *labeling(run)))
+    return by_task(label_tasks(run.services, azr_tasks, run.dir / "labels.jsonl", run.plans.label))
 
 
 def test_ray_labels_equal_local_labels(propel_ray_cluster, azr_tasks, propel_loopback_server, local_labels, tmp_path):
     run = azr_run(tmp_path, propel_loopback_server, RAY)
-    labels = by_task(label_tasks(run.services, azr_tasks, tmp_path / "labels.jsonl", *labeling(run)))
+    labels = by_task(label_tasks(run.services, azr_tasks, tmp_path / "labels.jsonl", run.plans.label))
     assert labels == local_labels
     assert all(len(label.attempts) == 2 for label in labels)
 

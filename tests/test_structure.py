@@ -135,6 +135,56 @@ def test_the_library_never_sees_the_run():
     assert not offenders, "\n".join(offenders)
 
 
+#: the library's entry points, by file, and the plan each takes (propel_core/plans.py)
+ENTRY_POINTS = {
+    "propel_core/execution.py": {"label_tasks": "LabelPlan", "solver_labels": "LabelPlan", "sample_and_label": "EvaluationPlan"},
+    "propel_core/training/generator.py": {"train_generator": "GeneratorPlan"},
+    "propel_core/training/solver.py": {"train_solver": "SolverPlan", "fine_tune_solver": "SelfTrainPlan"},
+    "propel_core/training/audit.py": {"audit_of": "AuditPlan"},
+    "propel_core/probes/sweep.py": {"sweep": "SweepPlan", "save_selected": "SweepPlan"},
+}  # fmt: skip
+
+
+def loose_settings(path: Path, plans: dict[str, str]) -> list[str]:
+    """What is wrong with the entry points ``plans`` names in ``path``: one missing, one that takes no
+    parameter annotated with its plan, or one that takes a config section beside it."""
+    functions = {node.name: node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)}
+    problems = []
+    for name, plan in plans.items():
+        if name not in functions:
+            problems.append(f"{path.name}: no function {name}")
+            continue
+        node = functions[name]
+        annotations = [ast.unparse(arg.annotation) for arg in node.args.args if arg.annotation is not None]
+        if plan not in annotations:
+            problems.append(f"{path.name}: {name} takes no {plan}")
+        problems += [f"{path.name}: {name} takes a {a} beside its plan" for a in annotations if a.endswith("Config")]
+    return problems
+
+
+def test_each_entry_point_takes_its_plan_and_no_loose_setting(tmp_path):
+    problems = [problem for file, plans in ENTRY_POINTS.items() for problem in loose_settings(ROOT / file, plans)]
+    assert not problems, "\n".join(problems)
+    loose = tmp_path / "loose.py"
+    loose.write_text(
+        "def train(services, plan: GeneratorPlan, train_config: TrainConfig): ...\ndef other(seed: int): ...\n"
+    )
+    assert loose_settings(loose, {"train": "GeneratorPlan", "other": "LabelPlan", "gone": "LabelPlan"}) == [
+        "loose.py: train takes a TrainConfig beside its plan", "loose.py: other takes no LabelPlan", "loose.py: no function gone"
+    ]  # fmt: skip
+
+
+def test_the_plans_are_frozen():
+    import dataclasses
+
+    from propel_core import plans
+
+    kinds = [value for name, value in vars(plans).items() if name.endswith("Plan") or name == "Plans"]
+    assert len(kinds) == 9 and all(
+        dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen for kind in kinds
+    )
+
+
 def test_the_checks_can_fail(tmp_path):
     stage = tmp_path / "stage.py"
     stage.write_text(

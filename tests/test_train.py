@@ -6,15 +6,17 @@ import json
 import os
 import shutil
 import statistics
+from dataclasses import replace
 
 import pytest
 import torch
 
-from propel_core.config import R_BAD_MARGIN, ModelConfig, validate_config
+from propel_core.config import R_BAD_MARGIN, ModelConfig
 from propel_core.domain import CUT_OFF
 from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.errors import PropelError
 from propel_core.execution import solver_labels
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.probes.bundles import load_probe, read_bundle
 from propel_core.run import Run
@@ -129,13 +131,13 @@ def test_two_grpo_steps_update_the_adapter_and_not_the_reference(trained_run):
 
 
 def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run, tmp_path):
-    from propel_core.config import validate_config as validate
+    from propel_core.plans import validate_config as validate
 
     data = probed_run.config.model_dump(mode="json") | {"reward": {"rule": "solver_in_the_loop"}}
     data["label"] = {"k": 2}
     data["solver"] = {"sampling": {"max_new_tokens": 16}}
     run = Run(validate(data, probed_run.registry), probed_run.registry, quiet=True)
-    solve = solver_labels(run.services, run.config.solver, run.config.label, run.config.seed)
+    solve = solver_labels(run.services, run.plans.label)
     scorer = scorer_for(run, solve=solve, log_path=tmp_path / "reward_log.jsonl")
     prompt = run.domain().generator_prompt(run.domain().contexts()[0])
     completions = [
@@ -163,7 +165,7 @@ def test_solver_in_the_loop_runs_the_solver_and_needs_no_probe(probed_run, tmp_p
 
 
 def test_partial_instrumentation_through_the_scorer(probed_run):
-    from propel_core.config import validate_config as validate
+    from propel_core.plans import validate_config as validate
 
     data = probed_run.config.model_dump(mode="json")
     data["reward"] = {
@@ -183,7 +185,7 @@ def test_partial_instrumentation_through_the_scorer(probed_run):
 
 
 def with_config(run, **sections):
-    from propel_core.config import validate_config as validate
+    from propel_core.plans import validate_config as validate
 
     data = run.config.model_dump(mode="json") | sections
     return Run(validate(data, run.registry), run.registry, quiet=True)
@@ -439,8 +441,7 @@ def test_grpo_with_replay_and_the_progress_sampler(probed_run, tmp_path):
 
 def train_in(run, folder):
     """The train stage's GRPO loop on ``run``'s config, into ``folder``."""
-    config = run.config
-    train_generator(run.services, folder, config.generator, config.train, config.lora, config.reward, config.seed, 100)
+    train_generator(run.services, replace(run.plans.train, folder=folder, checkpoint_every=100, resume=False))
 
 
 #: the vLLM train test's learning rate, and the mean log-probability gap between engine and policy it
@@ -462,12 +463,11 @@ def test_two_grpo_steps_with_vllm_rollouts(probed_run, tmp_path):
     generator = probed_run.config.generator.model_dump(mode="json")
     generator["sampling"]["stop"] = ["\n\n"]
     run = with_config(probed_run, train=settings, generator=generator)
-    config = run.config
     folder = tmp_path / "vllm"
     cores, threads, set_threads = os.sched_getaffinity(0), torch.get_num_threads(), torch.set_num_threads
     distributed = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "VLLM_CPU_KVCACHE_SPACE")
     environment = {name: os.environ.get(name) for name in distributed}
-    train_generator(run.services, folder, config.generator, config.train, config.lora, config.reward, config.seed, 100)
+    train_generator(run.services, replace(run.plans.train, folder=folder, checkpoint_every=100, resume=False))
     # TRL and vLLM set distributed variables, and vLLM's CPU worker, in this process, bound it to its cores
     # and disabled torch.set_num_threads: all given back (a `propel train` started after saw RANK and died)
     assert {name: os.environ.get(name) for name in distributed} == environment

@@ -219,7 +219,7 @@ def run_config(folder, backend: str) -> dict:
 
 def in_process(config, registry):
     """A run of ``config`` whose models come from ``registry`` (the module's engine, loaded once)."""
-    from propel_core.config import validate_config
+    from propel_core.plans import validate_config
     from propel_core.run import Run
 
     return Run(validate_config(config, registry), registry, quiet=True)
@@ -393,8 +393,7 @@ def test_an_audit_labels_the_policys_tasks_with_the_vllm_solver(tmp_path, arithm
     config = run_config(tmp_path, "vllm") | {"train": {"audit": {"every": 1, "tasks": 6}}}
     run = in_process(config, registry)
     tasks = [task.model_copy(update={"id": f"rl-0-{i}"}) for i, task in enumerate(iter_jsonl(arithmetic_tasks, Task))]
-    config = run.config
-    audit = audit_of(run.services, tmp_path / "train", config.train.audit, config.solver, config.label, config.seed)
+    audit = audit_of(run.services, tmp_path / "train", run.plans.train.audit)
     audit.start(0)
     audit.offer(0, tasks, [0.5] * len(tasks))
     audit.close()
@@ -404,9 +403,7 @@ def test_an_audit_labels_the_policys_tasks_with_the_vllm_solver(tmp_path, arithm
     labels = {x.task_id: x for x in iter_jsonl(tmp_path / "train" / "audit" / "labels.jsonl", Label)}
     valid = [task for task in audited if task.validity.valid]
     assert labels.keys() == {task.id for task in valid} and record["trials"] == 8 * len(valid)
-    again = label_tasks(
-        run.services, valid, tmp_path / "labels.jsonl", run.config.solver, run.config.label, run.config.seed
-    )
+    again = label_tasks(run.services, valid, tmp_path / "labels.jsonl", run.plans.label)
     assert same_attempts(labels, {x.task_id: x for x in again}) >= len(valid) - 1
 
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from propel_core.config import ModelConfig, ProbeConfig
 from propel_core.contracts import RewardRule
 from propel_core.embedded import EMBEDDED_MODEL_ID, model_source
 from propel_core.errors import NotEnoughData, PropelError, RewardError
@@ -34,6 +33,7 @@ from propel_core.probes.metrics import calibration_bins, metrics
 from propel_core.records import Label, ProbeBundle, Task, iter_jsonl
 
 if TYPE_CHECKING:
+    from propel_core.plans import SweepPlan
     from propel_core.services import Services
 
 log = logging.getLogger("propel")
@@ -68,15 +68,17 @@ def known_labels(path: Path) -> list[Label]:
 
 def sweep(
     services: Services,
-    config: ProbeConfig,
+    plan: SweepPlan,
     labels: list[Label],
     tasks: dict[str, Task],
     rule_at: Callable[[float], RewardRule],
 ) -> Sweep:
-    """Every cell of the ``probe`` section's sweep on the activations in the run folder, measured on
-    ``labels`` of ``tasks``; RVP pays each head by ``rule_at(its lowest valid logit)``."""
+    """Every cell of the plan's sweep (its ``probe`` section) on the activations in the run folder,
+    measured on ``labels`` of ``tasks``; RVP pays each head by ``rule_at(its lowest valid logit)``
+    (``rule_of_cell(services, plan.reward)``)."""
     import torch
 
+    config = plan.probe
     ids, first = load_activations(services.dir, config.layers[0], config.poolings[0])
     _refuse_stale(services.dir, ids, tasks)
     labels, rows = label_rows(ids, labels)
@@ -162,11 +164,12 @@ def _cells(results: dict, matrices, pairs) -> list[dict]:
     return cells
 
 
-def save_selected(folder: Path, found: Sweep, chosen: dict, config: ProbeConfig, reference: ModelConfig) -> None:
+def save_selected(folder: Path, found: Sweep, chosen: dict, plan: SweepPlan) -> None:
     """The chosen cell's head as ``folder/selected`` (temperature-scaled with ``probe.calibrate``), read
-    from ``reference``, and its reliability diagram on the held-out rows."""
+    from the plan's reference model, and its reliability diagram on the held-out rows."""
     import torch
 
+    config, reference = plan.probe, plan.reference
     trained, x, val, test = found.heads[chosen["layer"], chosen["pooling"], chosen["architecture"], chosen["balance"]]
     y = found.y
     temperature = fit_temperature(trained.logits(x[val]), y[val]) if config.calibrate else 1.0

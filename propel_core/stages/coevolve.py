@@ -12,46 +12,44 @@ minimum over the ensemble. Either way the new adapter lands in ``coevolve/train/
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from pathlib import Path
 
 from propel_core.config import CoevolveConfig, ProbeConfig
 from propel_core.errors import NotEnoughData, PropelError
-from propel_core.execution import solver_labels
 from propel_core.probes.activations import labeled_rows
 from propel_core.probes.bundles import load_probe
 from propel_core.probes.cells import ensemble_probes, fit_at_cell
 from propel_core.records import Label, Task, iter_jsonl
-from propel_core.run import Run, log
+from propel_core.run import Run
 from propel_core.training.checkpoints import prepare_folder
 from propel_core.training.generator import train_generator
 from propel_core.training.generator_reward import main_probe, reward_reads, settled_reward
 
+log = logging.getLogger("propel")
+
 
 def coevolve(run: Run) -> None:
     """Auxiliary probe from mined false positives (or a probe ensemble), then GRPO again -> coevolve/."""
-    config = run.config
+    config, plan = run.config, run.plans.coevolve
     selected = run.input("probes/selected", made_by="probe")
     folder = run.dir / "coevolve"
     # refused now, not after the extra probes trained: a main bundle whose lowest valid logit is unknown
-    mode = config.reward.model_copy(update={"rule": config.coevolve.mode})
-    settled_reward(run.services, mode, [main_probe(run.services, mode)], quiet=True)
+    settled_reward(run.services, plan.reward, [main_probe(run.services, plan.reward)], quiet=True)
     if config.coevolve.mode == "adversarial":
         extra = [auxiliary_probe(run, folder / "auxiliary", config.coevolve, config.probe, config.seed)]
     else:
         size = config.coevolve.ensemble_size
         extra = ensemble_probes(run.registry, run.dir, config.probe, config.seed, size, folder / "ensemble")
-    reward = config.reward.model_copy(update={"rule": config.coevolve.mode, "probes": [str(p) for p in extra]})
-    log.info("retraining with the %s rule: %s + %s", config.coevolve.mode, selected, ", ".join(map(str, extra)))
-    prepare_folder(folder / "train", resume=False)  # retrained whole: the old adapter goes first
+    plan = plan.with_probes(extra)
+    reward = plan.reward
+    log.info("retraining with the %s rule: %s + %s", reward.rule, selected, ", ".join(map(str, extra)))
+    prepare_folder(plan.folder, resume=False)  # retrained whole: the old adapter goes first
     keys, values = reward_reads(run.services, reward)
     values |= {"reward.rule": reward.rule, "reward.probes": reward.probes}
     run.claim("coevolve", False, (*keys, "coevolve"), values)  # recorded: the reward it trains with
-    solve = solver_labels(run.services, config.solver, config.label, config.seed, "solver in the loop")
-    every = config.checkpoint.every
-    train_generator(
-        run.services, folder / "train", config.generator, config.train, config.lora, reward, config.seed, every, solve
-    )
+    train_generator(run.services, plan)
 
 
 def policy_rows(run: Run) -> tuple[list[Task], dict[str, Label]]:

@@ -12,11 +12,11 @@ its 95% paired bootstrap interval).
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from propel_core.evaluation import (
     arm_metrics,
-    evaluation_seed,
     evaluation_verdict,
     histogram_plot,
     paired_comparison,
@@ -26,7 +26,9 @@ from propel_core.evaluation import (
 from propel_core.execution import sample_and_label, ungradable_summary
 from propel_core.provenance import folder_digest, holds_records
 from propel_core.records import write_readable
-from propel_core.run import Run, log
+from propel_core.run import Run
+
+log = logging.getLogger("propel")
 
 #: the rows of the side-by-side table: metric key and its heading
 TABLE = (
@@ -40,9 +42,8 @@ TABLE = (
 
 def adapters(run: Run) -> dict[str, Path | None]:
     """The arms to compare: the base generator and every trained adapter in the run folder."""
-    trained = run.input(
-        "train/best_audited" if run.config.evaluate.adapter == "best_audited" else "train/adapter", "train"
-    )
+    best = run.plans.evaluate.adapter == "best_audited"
+    trained = run.input("train/best_audited" if best else "train/adapter", "train")
     arms: dict[str, Path | None] = {"base": None, "trained": trained}
     coevolved = run.dir / "coevolve" / "train" / "adapter"
     if coevolved.exists():
@@ -52,35 +53,30 @@ def adapters(run: Run) -> dict[str, Path | None]:
 
 def evaluate(run: Run) -> None:
     """Sample, validate and solve tasks from each arm; write metrics, a table and histograms."""
-    config = run.config
-    folder = run.dir / "eval"
+    plan = run.plans.evaluate
+    folder = plan.folder
     arms = adapters(run)
     for arm, adapter in arms.items():  # every arm before any work: a refusal loses nothing
         digest = {"adapter": folder_digest(adapter) if adapter else None}  # a retrained adapter is another arm
         run.claim(f"eval/{arm}", holds_records(*(folder / arm).glob("*.jsonl")), values=digest)
-    seed = evaluation_seed(config.seed)
-    label = config.label.at_k(config.evaluate.k)
-    contexts = run.context_sampler(seed).sample(config.evaluate.num_tasks)
+    k = plan.labels.label.k
+    contexts = plan.contexts.sampler(run.services).sample(plan.num_tasks)
     results, utilities, every_label = {}, {}, []
     for arm, adapter in arms.items():
         log.info("evaluating arm %s", arm)
-        generator = config.generator.with_adapter(adapter)
-        arm_folder = folder / arm
         redo = run.redo_ungradable
-        tasks, labels = sample_and_label(
-            run.services, generator, contexts, arm_folder, config.solver, label, seed, redo
-        )
+        tasks, labels = sample_and_label(run.services, plan, adapter, contexts, folder / arm, redo)
         every_label += labels
-        results[arm] = arm_metrics(tasks, labels, config.evaluate.k)
+        results[arm] = arm_metrics(tasks, labels, k)
         utilities[arm] = per_context_utility(tasks, labels)
         if arm != "base":  # the same contexts and seeds as base: a paired comparison, context by context
-            results[arm]["vs_base"] = paired_comparison(utilities[arm], utilities["base"], seed=config.seed)
+            results[arm]["vs_base"] = paired_comparison(utilities[arm], utilities["base"], seed=plan.seed)
     (folder / "metrics.json").write_text(json.dumps(results, indent=2))
     for arm, values in results.items():
         run.track("evaluate", {f"{arm}/{key}": number for key, number in headline(values).items()})
     table_text = table(results)
     write_readable(folder / "table.md", table_text + "\n")
-    histogram_plot(folder / "solve_counts.png", results, config.evaluate.k, config.label)
+    histogram_plot(folder / "solve_counts.png", results, k, plan.labels.label)
     run.say(table_text)
     run.say(evaluation_verdict(results))
     ungradable_summary(run.services, "evaluate", every_label)

@@ -11,13 +11,16 @@ batch size), tasks and length limit reuses every file it finds.
 from __future__ import annotations
 
 import json
+import logging
 
 from propel_core.embedded import EMBEDDED_MODEL_ID
 from propel_core.errors import PropelError
 from propel_core.probes.activations import activation_file, pooled_activations
 from propel_core.probes.bundles import reference_settings
 from propel_core.records import Task, iter_jsonl
-from propel_core.run import Run, log
+from propel_core.run import Run
+
+log = logging.getLogger("propel")
 
 
 def extract(run: Run) -> None:

@@ -10,12 +10,15 @@ holding ungradable attempts again (their gradable attempts kept).
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 from propel_core.execution import journal_path, label_tasks, ungradable_summary
 from propel_core.provenance import holds_records
 from propel_core.records import Label, Task, iter_jsonl
-from propel_core.run import Run, log
+from propel_core.run import Run
+
+log = logging.getLogger("propel")
 
 
 def label(run: Run) -> None:
@@ -27,7 +30,7 @@ def label(run: Run) -> None:
         log.warning("no valid tasks in %s to label; see the generate funnel", tasks_path)
     path = run.dir / "labels.jsonl"
     run.claim("labels.jsonl", exists=holds_records(path, journal_path(path)))
-    labels = label_tasks(run.services, tasks, path, config.solver, config.label, config.seed, run.redo_ungradable)
+    labels = label_tasks(run.services, tasks, path, run.plans.label, run.redo_ungradable)
     counts = label_counts(labels, config.label.k)
     run.track("label", counts)
     run.say(summary(counts, config.label.k))

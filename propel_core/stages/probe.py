@@ -22,7 +22,8 @@ def probe(run: Run) -> None:
     run.claim("probes", False, (f"reward.options.{config.reward.rule}",))
     labels = known_labels(run.dir / "labels.jsonl")
     tasks = {task.id: task for task in iter_jsonl(run.dir / "tasks.jsonl", Task)}
-    found = sweep(run.services, config.probe, labels, tasks, rule_of_cell(run.services, config.reward))
+    plan = run.plans.sweep
+    found = sweep(run.services, plan, labels, tasks, rule_of_cell(run.services, plan.reward))
     folder = run.dir / "probes"
     folder.mkdir(parents=True, exist_ok=True)
     write_sweep(folder / "sweep.csv", found.cells)
@@ -30,5 +31,5 @@ def probe(run: Run) -> None:
     chosen = select(found.cells, config.probe)
     run.track("probe", {f"selected/{key}": value for key, value in chosen.items()})
     run.tracker.table("probe", "sweep", found.cells)
-    save_selected(folder, found, chosen, config.probe, config.reference)
+    save_selected(folder, found, chosen, plan)
     run.say(selection_table(found.cells, chosen))

@@ -17,6 +17,7 @@ reference with it. Either way the ranker keeps a line from its logit to the veri
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 from pathlib import Path
@@ -33,7 +34,7 @@ from propel_core.probes.bundles import (
     save_bundle,
 )
 from propel_core.records import Label, ProbeBundle, Task, iter_jsonl
-from propel_core.run import Run, log
+from propel_core.run import Run
 from propel_core.training.ranking import (
     fit_calibration,
     held_out_split,
@@ -44,6 +45,8 @@ from propel_core.training.ranking import (
     with_lora,
 )
 from propel_core.training.trainer import lora_config
+
+log = logging.getLogger("propel")
 
 
 def pair_score(label: Label, config: PropelConfig) -> float:

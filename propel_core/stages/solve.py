@@ -14,6 +14,7 @@ first run's name is the downstream test of the claim that frontier tasks are bet
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from propel_core.config import ModelConfig
@@ -23,10 +24,12 @@ from propel_core.execution import graded_attempts
 from propel_core.probes.bundles import load_probe
 from propel_core.ranks import is_main
 from propel_core.records import Label, Task, iter_jsonl, to_json
-from propel_core.run import Run, log
+from propel_core.run import Run
 from propel_core.training.checkpoints import goes_on, prepare_folder
 from propel_core.training.solver import fine_tune_solver, keep_clean, train_solver
 from propel_core.training.solver_reward import verified_corpus
+
+log = logging.getLogger("propel")
 
 PASS_AT = (1, 4, 8, 16)
 
@@ -64,51 +67,34 @@ def split_held_out(path: Path, training: list[Task], count: int) -> tuple[list[T
 
 def solve_train(run: Run) -> None:
     """RL-train the solver on a task set and evaluate it on held-out tasks -> solve/NAME/."""
-    config, options = run.config, run.config.solve_train
+    plan = run.plans.solve_train
+    options, folder = plan.options, plan.folder
     domain = run.domain()
-    folder = run.dir / "solve" / options.name
-    resume = config.checkpoint.resume
-    exists = goes_on(folder, resume)
-    # its rules read verdicts (markers, verifier_score), never a logit: r_bad keeps the paper's scale
-    reward = config.reward.settled(False, None)
+    exists = goes_on(folder, plan.resume)
     rule_keys = ("reward.r_bad", f"reward.options.{options.reward_rule}") if options.reward_rule else ()
-    run.claim(f"solve/{options.name}", exists, rule_keys, {"reward.r_bad": reward.r_bad} if rule_keys else None)
-    checkpoint = prepare_folder(folder, resume)  # after the claim: a refusal removes nothing
+    run.claim(f"solve/{options.name}", exists, rule_keys, {"reward.r_bad": plan.reward.r_bad} if rule_keys else None)
+    checkpoint = prepare_folder(folder, plan.resume)  # after the claim: a refusal removes nothing
     tasks = training_tasks(run, task_file(run, options.tasks), options.in_band_only)
     held_out, tasks = split_held_out(task_file(run, options.held_out), tasks, options.held_out_tasks)
     log.info("solver training on %d tasks, evaluation on %d held-out tasks", len(tasks), len(held_out))
 
     if options.replay.strategy != "none" and (options.algorithm != "grpo" or domain.multi_turn):
         raise PropelError("solve_train.replay works with algorithm grpo on a single-turn domain")
-    rule = run.registry.reward_rule(options.reward_rule, reward) if options.reward_rule else None
     reward_model = load_probe(task_file(run, options.reward_model), run.registry) if options.model_steps else None
-    every = config.checkpoint.every
-    train_solver(
-        run.services,
-        folder,
-        tasks,
-        options,
-        config.solver,
-        rule,
-        reward_model,
-        config.lora,
-        config.seed,
-        every,
-        checkpoint,
-    )
+    train_solver(run.services, plan, tasks, reward_model, checkpoint)
     if not is_main():  # under accelerate launch the main process evaluates, alone
         return
-    verified = verified_corpus(folder, tasks, (config.label.band_low, config.label.band_high))
+    verified = verified_corpus(folder, tasks, plan.band)
     log.info("verified rollouts: %s (rank them with rank.items=attempts rank.labels=...)", verified)
 
     k = options.eval_k
     per_prompt = {
-        arm: solve_counts(run, held_out, config.solver.with_adapter(adapter), k, config.seed)
+        arm: solve_counts(run, held_out, plan.solver.with_adapter(adapter), k, plan.seed)
         for arm, adapter in (("base", None), ("trained", folder / "adapter"))
     }
     metrics = {arm: solver_metrics(counts, k) for arm, counts in per_prompt.items()}
     rates = {arm: [count / k for count in counts] for arm, counts in per_prompt.items()}
-    comparisons = {"trained_vs_base": paired_comparison(rates["trained"], rates["base"], seed=config.seed)}
+    comparisons = {"trained_vs_base": paired_comparison(rates["trained"], rates["base"], seed=plan.seed)}
     if options.baseline:
         other = json.loads(task_file(run, f"solve/{options.baseline}/per_prompt.json").read_text())
         if other["held_out"] != [task.text for task in held_out]:
@@ -118,7 +104,7 @@ def solve_train(run: Run) -> None:
             )
         baseline_rates = [count / other["k"] for count in other["counts"]["trained"]]
         comparisons[f"trained_vs_{options.baseline}"] = paired_comparison(
-            rates["trained"], baseline_rates, seed=config.seed
+            rates["trained"], baseline_rates, seed=plan.seed
         )
     (folder / "per_prompt.json").write_text(
         to_json({"k": k, "held_out": [task.text for task in held_out], "counts": per_prompt})
@@ -156,16 +142,14 @@ def solver_metrics(counts: list[int], k: int) -> dict[str, float]:
 
 def self_train(run: Run) -> None:
     """Sample K solver attempts per task, keep the verified and clean ones, fine-tune on them (SFT)."""
-    config, options = run.config, run.config.self_train
+    plan = run.plans.self_train
+    options, folder = plan.options, plan.folder
     domain = run.domain()
-    folder = run.dir / "self_train"
     folder.mkdir(parents=True, exist_ok=True)
     tasks = training_tasks(run, task_file(run, options.tasks), in_band_only=False)
     funnel = {"sampled": 0, "verified correct": 0, "within self_train.max_chars": 0}  # then the domain's checks
     kept: list[tuple[Task, str]] = []
-    found = graded_attempts(
-        run.services, tasks, options.k, config.solver, config.seed, description="self-train sampling"
-    )
+    found = graded_attempts(run.services, tasks, options.k, plan.solver, plan.seed, description="self-train sampling")
     attempts = {task.id: graded for task, graded in found}
     capped = 0
     for task in tasks:  # in task order, whatever order the attempts finished in
@@ -176,4 +160,4 @@ def self_train(run: Run) -> None:
     if not kept:
         (folder / "filter_report.json").write_text(json.dumps({"funnel": funnel}, indent=2))
         raise NotEnoughData(f"no attempt survived the filters: {funnel}")
-    fine_tune_solver(run.services, folder, kept, funnel, options, config.solver, config.lora, config.seed)
+    fine_tune_solver(run.services, plan, kept, funnel)

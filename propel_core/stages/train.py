@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from functools import partial
 
-from propel_core.execution import solver_labels
 from propel_core.ranks import is_main
 from propel_core.run import Run
 from propel_core.training.audit import audit_of
@@ -28,30 +27,14 @@ from propel_core.training.generator_reward import reward_reads
 def train(run: Run) -> None:
     """GRPO + LoRA on the generator with the probe reward -> train/ (adapter, logs); a rerun goes on
     from the last checkpoint (``checkpoint.resume: false`` starts over)."""
-    config = run.config
-    folder = run.dir / "train"
-    resume = config.checkpoint.resume
+    plan = run.plans.train
     # what the folder holds counts before anything goes: a checkpoint, or a finished adapter (resuming)
-    exists = goes_on(folder, resume)
-    run.claim("train", exists, *reward_reads(run.services, config.reward))  # rule, options, bundles
-    solve = solver_labels(run.services, config.solver, config.label, config.seed, "solver in the loop")
+    exists = goes_on(plan.folder, plan.resume)
+    run.claim("train", exists, *reward_reads(run.services, plan.reward))  # rule, options, bundles
     audit = None
     # K real attempts at a sample of the step's tasks, labeled as label does; under `accelerate launch`
     # the main process audits each whole step (the reward gathers every process's generations)
-    if config.train.audit.every and is_main():
+    if plan.audit is not None and is_main():
         track = partial(run.track, "train")  # each audit's metrics, at the step it audited
-        audit = audit_of(run.services, folder, config.train.audit, config.solver, config.label, config.seed, track)
-    every = config.checkpoint.every
-    train_generator(
-        run.services,
-        folder,
-        config.generator,
-        config.train,
-        config.lora,
-        config.reward,
-        config.seed,
-        every,
-        solve,
-        resume,
-        audit,
-    )
+        audit = audit_of(run.services, plan.folder, plan.audit, track)
+    train_generator(run.services, plan, audit)

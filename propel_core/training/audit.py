@@ -31,13 +31,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from propel_core.config import AuditConfig, LabelConfig, ModelConfig
+from propel_core.config import AuditConfig
 from propel_core.evaluation import arm_metrics
 from propel_core.execution import solver_labels
 from propel_core.probes.metrics import auc, balanced_accuracy
 from propel_core.records import JsonlWriter, Label, Task, iter_jsonl, keep_entries, to_json
 
 if TYPE_CHECKING:
+    from propel_core.plans import AuditPlan
     from propel_core.services import Services
 
 log = logging.getLogger("propel")
@@ -219,26 +220,12 @@ class Audit:
 
 
 def audit_of(
-    services: Services,
-    folder: Path,
-    options: AuditConfig,
-    solver: ModelConfig,
-    label: LabelConfig,
-    seed: int,
-    track: Callable[[dict, int], None] | None = None,
+    services: Services, folder: Path, plan: AuditPlan, track: Callable[[dict, int], None] | None = None
 ) -> Audit:
-    """The audit (``train.audit``: ``options``) of a training into ``folder``: ``solver`` labels each
-    sample as ``label`` says, at K = ``options.k`` (or ``label.k``), through the run's executor; each
-    step's sample is drawn from ``seed``; ``track`` gets each audit's metrics."""
-    audited = solver_labels(services, solver, audit_label(label, options.k), seed, "audit")
-    return Audit(options, folder, audited, seed, track)
-
-
-def audit_label(label: LabelConfig, k: int | None) -> LabelConfig:
-    """The label settings of an audit: the label stage's, with ``train.audit.k`` attempts (null:
-    ``label.k``). Another K measures the band at another K than the probe learned, which biases the
-    calibration gap (docs/config.md)."""
-    return label.at_k(k or label.k)
+    """The audit of a training into ``folder``, as ``plan`` says (``train.audit``): its solver labels
+    each sample through the run's executor, each step's sample drawn from the labels' seed; ``track``
+    gets each audit's metrics."""
+    return Audit(plan.options, folder, solver_labels(services, plan.labels), plan.labels.seed, track)
 
 
 def audited(audit: Audit):

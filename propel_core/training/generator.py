@@ -7,16 +7,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 from propel_core.backend import end_tokens
-from propel_core.config import LoraConfig, ModelConfig, RewardConfig, TrainConfig
+from propel_core.config import TrainConfig
 from propel_core.domain import generation_stop
 from propel_core.embedded import model_source
 from propel_core.errors import PropelError
+from propel_core.execution import solver_labels
+from propel_core.plans import GeneratorPlan
 from propel_core.ranks import gathered, is_main, process_count, sharded, stopping_together
-from propel_core.records import Context, Label, Task
+from propel_core.records import Context
 from propel_core.services import Services
 from propel_core.training.audit import Audit, audited
 from propel_core.training.checkpoints import keep_steps_before, prepare_folder, step_of, train_and_save
@@ -35,34 +36,24 @@ from propel_core.training.zero_variance import dropping_flat_groups
 log = logging.getLogger("propel")
 
 
-def train_generator(
-    services: Services,
-    folder: Path,
-    generator: ModelConfig,
-    train_config: TrainConfig,
-    lora: LoraConfig,
-    reward: RewardConfig,
-    seed: int,
-    checkpoint_every: int,
-    solve: Callable[[list[Task]], list[Label]] | None = None,
-    resume: bool = False,
-    audit: Audit | None = None,
-) -> None:
-    """GRPO + LoRA (``lora``) on ``generator`` with the reward rule and probes of ``reward`` -> ``folder``
-    (``adapter/``, ``log.jsonl``, ``reward_log.jsonl``, a checkpoint every ``checkpoint_every`` steps).
-    ``seed`` seeds the context sampler and the trainer; ``solve`` labels tasks with live solver runs,
-    for a rule that needs ``solver_utility``. With ``resume``, training goes on from the folder's last
-    checkpoint (the policy's adapter, optimizer, schedule and random state; the reward log keeps the
-    steps before it), else starts over. With ``audit``, the policy's own tasks are labeled by the real
-    solver as it trains (``train.audit``), which may stop the training early."""
+def train_generator(services: Services, plan: GeneratorPlan, audit: Audit | None = None) -> None:
+    """GRPO + LoRA on the plan's generator with the reward rule and probes of ``plan.reward`` ->
+    ``plan.folder`` (``adapter/``, ``log.jsonl``, ``reward_log.jsonl``, a checkpoint every
+    ``plan.checkpoint_every`` steps). ``plan.seed`` seeds the trainer and ``plan.contexts`` the
+    context sampler; a rule that needs ``solver_utility`` labels tasks live as ``plan.solve`` says.
+    With ``plan.resume``, training goes on from the folder's last checkpoint (the policy's adapter,
+    optimizer, schedule and random state; the reward log keeps the steps before it), else starts
+    over. With ``audit`` (``audit_of(services, plan.folder, plan.audit)``, on the main process), the
+    policy's own tasks are labeled by the real solver as it trains, which may stop the training early."""
     from trl import GRPOTrainer
 
+    folder, generator, train_config, seed = plan.folder, plan.generator, plan.train, plan.seed
     domain = services.domain()
     _check(domain, train_config)
     replay = train_config.replay
     buffer = ReplayBuffer.of(replay, seed)
     trainer_class = replaying(GRPOTrainer, buffer, replay.slots) if buffer else GRPOTrainer  # checks TRL's shape
-    sampler = services.context_sampler(seed)
+    sampler = plan.contexts.sampler(services)
     stop = generation_stop(domain, generator.sampling)
     if stop and train_config.mask_truncated_completions:
         raise PropelError(
@@ -70,10 +61,11 @@ def train_generator(
             "domain's or generator.sampling.stop) for a cut-off one (TRL looks for an end token) and masks it; "
             "set it false: a completion the limit cut is an invalid task, paid reward.overflow_reward"
         )
+    reward, solve = plan.reward, solver_labels(services, plan.solve)
     scorer = reward_scorer(
         services, reward, train_config, main_probe(services, reward), solve, stop=stop, sampler=sampler, replay=buffer
     )
-    checkpoint = prepare_folder(folder, resume)
+    checkpoint = prepare_folder(folder, plan.resume)
     scorer.log_path = folder / "reward_log.jsonl"
     for log_path in (scorer.log_path, folder / COMPLETIONS):
         keep_steps_before(log_path, step_of(checkpoint))
@@ -91,7 +83,7 @@ def train_generator(
         trainer_class = dropping_flat_groups(trainer_class, lambda: scorer.flat)
     if not domain.multi_turn:  # a trajectory ends in the tool results' framing, not the policy's end token
         scorer.stall.ends = end_tokens(tokenizer, policy.generation_config)
-    arguments = _grpo_arguments(services, folder, train_config, seed, checkpoint_every, stop)
+    arguments = _grpo_arguments(services, folder, train_config, seed, plan.checkpoint_every, stop)
     if stop and not train_config.use_vllm:
         stopping_at_strings(policy, tokenizer)
     multi_turn = {"rollout_func": EpisodeRollouts(domain, tokenizer, contexts_by_prompt, train_config, seed)}
@@ -109,7 +101,7 @@ def train_generator(
             args=arguments,
             train_dataset=dataset,
             processing_class=tokenizer,
-            peft_config=lora_config(lora),
+            peft_config=lora_config(plan.lora),
             **(multi_turn if domain.multi_turn else {}),
         )
     if train_config.use_vllm:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from propel_core.backend import prefill, prompt_text
-from propel_core.config import LoraConfig, ModelConfig, SelfTrainConfig, SolveTrainConfig
 from propel_core.domain import Domain
 from propel_core.embedded import model_source
 from propel_core.execution import graded_texts
@@ -25,30 +24,23 @@ from propel_core.training.trainer import load_policy, lora_config, sampled_promp
 from propel_core.training.zero_variance import dropping_flat_groups
 
 if TYPE_CHECKING:
-    from propel_core.contracts import RewardRule
+    from propel_core.plans import SelfTrainPlan, SolverPlan
     from propel_core.probes.bundles import ProbeScorer
     from propel_core.services import Services
 
 
 def train_solver(
-    services: Services,
-    folder: Path,
-    tasks: list[Task],
-    options: SolveTrainConfig,
-    solver: ModelConfig,
-    rule: RewardRule | None,
-    reward_model: ProbeScorer | None,
-    lora: LoraConfig,
-    seed: int,
-    checkpoint_every: int,
-    checkpoint: Path | None,
+    services: Services, plan: SolverPlan, tasks: list[Task], reward_model: ProbeScorer | None, checkpoint: Path | None
 ) -> None:
-    """RL-train ``solver`` on ``tasks`` with ``options`` (solve-train's settings), from ``checkpoint``
-    when resuming; the adapter, the reward log and the rollouts land in ``folder``. ``rule`` scores a
-    verdict (None: 1 when solved), ``reward_model`` scores rollouts in RM-GRPO's model steps; ``lora``
-    is the adapter trained, and a checkpoint is saved every ``checkpoint_every`` steps."""
+    """RL-train the plan's solver on ``tasks`` as ``plan.options`` (solve-train's settings) say, from
+    ``checkpoint`` when resuming; the adapter, the reward log and the rollouts land in ``plan.folder``.
+    The rule ``options.reward_rule`` (None: 1 when solved) scores a verdict with ``plan.reward``'s
+    settings; ``reward_model`` scores rollouts in RM-GRPO's model steps; ``plan.lora`` is the adapter
+    trained, and a checkpoint is saved every ``plan.checkpoint_every`` steps."""
     from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
+    folder, options, solver, seed = plan.folder, plan.options, plan.solver, plan.seed
+    rule = services.registry.reward_rule(options.reward_rule, plan.reward) if options.reward_rule else None
     domain = services.domain()
     # the training tasks are the sampler's contexts (bucket: the task's topic), so ``progress`` can
     # steer solver training by the verifier's rewards, as it steers generator training by the probe's
@@ -96,7 +88,7 @@ def train_solver(
         gradient_accumulation_steps=1,
         temperature=options.temperature,
         max_completion_length=options.max_completion_length,
-        save_steps=checkpoint_every,
+        save_steps=plan.checkpoint_every,
         shuffle_dataset=False,
     )
     if buffer is not None:
@@ -109,7 +101,7 @@ def train_solver(
         args=arguments,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=lora_config(lora),
+        peft_config=lora_config(plan.lora),
     )
     train_and_save(trainer, folder, model_source(solver.model, solver.revision), checkpoint)
     if is_main() and (still := reward_never_moved(logged_steps(reward.log_path))) is not None:
@@ -117,20 +109,15 @@ def train_solver(
 
 
 def fine_tune_solver(
-    services: Services,
-    folder: Path,
-    kept: list[tuple[Task, str]],
-    funnel: dict[str, int],
-    options: SelfTrainConfig,
-    solver: ModelConfig,
-    lora: LoraConfig,
-    seed: int,
+    services: Services, plan: SelfTrainPlan, kept: list[tuple[Task, str]], funnel: dict[str, int]
 ) -> None:
-    """Fine-tune ``solver`` (SFT, completion-only loss) on ``kept`` attempts at their tasks, mixed with
-    original rows as ``options`` says; ``filter_report.json`` in ``folder`` records ``funnel``."""
+    """Fine-tune the plan's solver (SFT, completion-only loss) on ``kept`` attempts at their tasks,
+    mixed with original rows as ``plan.options`` say; ``filter_report.json`` in ``plan.folder`` records
+    ``funnel``."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    folder, options, solver, seed = plan.folder, plan.options, plan.solver, plan.seed
     domain = services.domain()
     tokenizer, model, _ = load_policy(solver)
     rows = []
@@ -167,7 +154,7 @@ def fine_tune_solver(
         args=arguments,
         train_dataset=Dataset.from_list(mixed),
         processing_class=tokenizer,
-        peft_config=lora_config(lora),
+        peft_config=lora_config(plan.lora),
     )
     train_and_save(trainer, folder, model_source(solver.model, solver.revision))
 

@@ -259,8 +259,8 @@ def test_a_shot_is_never_the_task_in_any_order(propel_registry):
 def test_generate_stops_at_the_line_end_and_rejects_what_the_length_limit_cut(tmp_path, propel_registry):
     """The domain's stop string ends each exercise at its line on the real model: at 24 tokens only a
     line that rambles on is cut off; at 3 most are, and those are invalid unparsed, as train pays them."""
-    from propel_core.config import validate_config
     from propel_core.domain import CUT_OFF
+    from propel_core.plans import validate_config
     from propel_core.records import Task, iter_jsonl
     from propel_core.run import Run
     from propel_core.stages.generate import generate

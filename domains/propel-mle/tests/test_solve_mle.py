@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from propel_core.config import validate_config
 from propel_core.domain import grade_attempt
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, Validity, iter_jsonl
 from propel_core.run import Run

@@ -3,13 +3,14 @@ real sandboxed reference run, the shipped tasks, and K solver attempts giving a 
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from propel_core.config import validate_config
 from propel_core.domain import ParseError, make_task
 from propel_core.execution import label_tasks
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.records import Label, Task, iter_jsonl
 from propel_core.run import Run
@@ -124,7 +125,8 @@ def test_k_solver_attempts_give_a_solve_rate_and_a_utility(tmp_path, registry, m
     }
     run = Run(validate_config(data, registry), registry, quiet=True)
     task = task_of(mle, registry, "Data set: iris\nTarget: target\nMetric: accuracy\nBar: 0.9")
-    (label,) = label_tasks(run.services, [task], tmp_path / "labels.jsonl", run.config.solver, run.config.label, seed=0)
+    plan = replace(run.plans.label, seed=0)
+    (label,) = label_tasks(run.services, [task], tmp_path / "labels.jsonl", plan)
     assert len(label.attempts) == 2 and label.solve_rate is not None and label.utility in (0, 1)
     for attempt in label.attempts:  # each attempt ran: its markers and duration are in its diagnostics
         assert attempt.text.startswith("```python\n") and attempt.diagnostics["duration"] >= 0

@@ -11,9 +11,9 @@ import pytest
 from conftest import DATA, SANDBOX, local_domain, needs_local_sandbox
 from swe_helpers import write_registry
 
-from propel_core.config import validate_config
 from propel_core.domain import ParseError
 from propel_core.errors import PropelError
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.run import Run
 from propel_core.stages.generate import generate

@@ -7,8 +7,8 @@ import json
 import pytest
 from swe_helpers import write_registry
 
-from propel_core.config import validate_config
 from propel_core.execution import label_tasks, sample_tasks
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.run import Run
 
@@ -77,13 +77,11 @@ def test_ray_labels_of_swe_bugs_equal_local_labels(propel_ray_cluster, swe_run):
     )
     tasks = [task for task in written if task.validity.valid][:2]
     assert len(tasks) == 2, "the procedural generator planted fewer than two valid bugs"
-    settings = local.config.solver, local.config.label, local.config.seed
+    plan = local.plans.label
     expected = sorted(
-        label_tasks(local.services, tasks, local.dir / "labels.jsonl", *settings), key=lambda label: label.task_id
+        label_tasks(local.services, tasks, local.dir / "labels.jsonl", plan), key=lambda label: label.task_id
     )
     ray = swe_run({"name": "ray", "workers": 4, "options": {"resources": {"sandbox": 1}}}, "ray")
-    labels = sorted(
-        label_tasks(ray.services, tasks, ray.dir / "labels.jsonl", *settings), key=lambda label: label.task_id
-    )
+    labels = sorted(label_tasks(ray.services, tasks, ray.dir / "labels.jsonl", plan), key=lambda label: label.task_id)
     assert outcome(labels) == outcome(expected)
     assert all(attempt.solved is not None for label in labels for attempt in label.attempts)  # all graded

@@ -9,8 +9,8 @@ import pytest
 import torch
 from swe_helpers import write_registry
 
-from propel_core.config import validate_config
 from propel_core.embedded import EMBEDDED_MODEL_ID
+from propel_core.plans import validate_config
 from propel_core.plugins import Registry
 from propel_core.probes.bundles import save_bundle
 from propel_core.probes.heads import TrainedProbe
