@@ -295,7 +295,10 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str, sources: 
         if refused := screened(ws, sources or {}, clean, applied):
             return invalid(f"the screen refuses: {'; '.join(refused[:5])}")
         guarding = guard_orders(written_by(ws, sources or {}, clean, applied), baseline)
-        seal(ws)
+        try:
+            seal(ws)
+        except PropelError as exc:  # the sandbox failed: the bug is not judged, as when its suite cannot run
+            return invalid(str(exc))
         suite, problems = checked_run(ws, repo, budget, applied, guarding=guarding)
         if problems:
             return invalid("; ".join(problems[:5]))
@@ -356,7 +359,10 @@ def recheck_failures(
             if reason := apply_diffs(ws, [diff]):
                 return reason
             applied = snapshot(ws)
-            seal(ws)
+            try:
+                seal(ws)
+            except PropelError as exc:
+                return f"{test} run alone: {exc}"
             alone, problems = checked_run(ws, repo, budget, applied, [test], guarding)
             if alone.status != "ok":
                 return f"{test} run alone: the suite did not run ({alone.status}): {alone.detail}"

@@ -61,6 +61,28 @@ def test_the_verifier_refuses(tiny_domain, diff, reason):
     assert not validity.valid and reason in validity.reason
 
 
+@pytest.mark.parametrize("failing", [1, 2])
+def test_a_checkout_that_cannot_be_sealed_refuses_the_bug_in_one_line(tiny_domain, monkeypatch, failing):
+    """Clearing a checkout before the bug's code runs in it (``seal``) fails only when the sandbox
+    does: the bug is then refused with the reason, whether it failed before the whole suite (call 1)
+    or before a failing test runs again alone (call 2); nothing raises out of the verifier."""
+    from propel_core.errors import PropelError
+    from propel_swe import verifier
+
+    calls, seal = [], verifier.seal
+
+    def failing_at(ws):
+        calls.append(ws)
+        if len(calls) == failing:
+            raise PropelError("could not clear the checkout for the change: no space left on device")
+        seal(ws)
+
+    monkeypatch.setattr(verifier, "seal", failing_at)
+    validity, _ = verify(tiny_domain, BUG)
+    assert not validity.valid and "no space left on device" in validity.reason, validity.reason
+    assert len(calls) == failing
+
+
 def test_a_solver_that_reverts_the_bug_solves_it(tiny_domain):
     payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": ["tests/test_core.py::test_clamp"]}
     reply = scripted(
