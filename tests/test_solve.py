@@ -89,6 +89,16 @@ def test_rloo_trains_the_solver_adapter_and_evaluates_both_arms(solve_run):
     assert [json.loads(step)["source"] for step in steps] == ["verifier", "verifier"]
 
 
+def test_a_step_of_partial_groups_is_refused_before_the_solver_loads(solve_run):
+    """A generation batch that is not whole groups (TRL refuses it with a ValueError, after the model
+    has loaded) is one line naming both settings, and the folder holds no adapter."""
+    other = solve_run.config.model_dump(mode="json")
+    other["solve_train"] |= {"name": "partial", "per_device_batch": 6}  # group_size 4
+    with pytest.raises(PropelError, match=r"solve_train.per_device_batch \(6\) x 1 process\(es\) must be a multiple"):
+        solve_train(Run(validate_config(other, solve_run.registry), solve_run.registry, quiet=True))
+    assert not (solve_run.dir / "solve" / "partial" / "adapter").exists()
+
+
 def test_solver_metrics_by_hand():
     metrics = solver_metrics([0, 2, 4], 4)
     assert metrics["average_score"] == pytest.approx(0.5)

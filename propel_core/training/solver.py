@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 from propel_core.backend import prefill, prompt_text
 from propel_core.domain import Domain
 from propel_core.embedded import model_source
+from propel_core.errors import PropelError
 from propel_core.execution import graded_texts
-from propel_core.ranks import is_main
+from propel_core.ranks import is_main, process_count
 from propel_core.records import Context, SolverAttempt, Task
 from propel_core.training.checkpoints import keep_steps_before, step_of, train_and_save
 from propel_core.training.feedback import logged_steps, reward_never_moved
@@ -40,6 +41,12 @@ def train_solver(
     from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
     folder, options, solver, seed = plan.folder, plan.options, plan.solver, plan.seed
+    generation_batch = options.per_device_batch * process_count()  # TRL's, with no gradient accumulation
+    if generation_batch % options.group_size:
+        raise PropelError(
+            f"solve_train.per_device_batch ({options.per_device_batch}) x {process_count()} process(es) must be a "
+            f"multiple of solve_train.group_size ({options.group_size}): a step's completions are whole groups"
+        )
     rule = services.registry.reward_rule(options.reward_rule, plan.reward) if options.reward_rule else None
     domain = services.domain()
     # the training tasks are the sampler's contexts (bucket: the task's topic), so ``progress`` can
