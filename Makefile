@@ -18,4 +18,7 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest -n 2 --dist loadfile --no-loadscope-reorder
+	# two workers on two cores: one torch thread each (and in the commands they start), as
+	# docs/scaling.md advises; with torch's thread a core, two busy workers waited on each other's
+	# threads at every operation
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -n 2 --dist loadfile --no-loadscope-reorder
