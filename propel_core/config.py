@@ -202,6 +202,8 @@ class ProbeConfig(Section):
     def _each_once(self) -> ProbeConfig:
         for name in ("layers", "poolings", "architectures", "balance", "seeds"):
             values = getattr(self, name)
+            if not values:
+                raise ValueError(f"{name} lists nothing; the sweep needs at least one")
             repeated = sorted({str(v) for v in values if values.count(v) > 1})
             if repeated:
                 raise ValueError(f"{name} lists {', '.join(repeated)} more than once; name each once")
@@ -490,7 +492,7 @@ class PropelConfig(Section):
     """A whole run. ``run_dir`` is the folder every stage reads from and writes to."""
 
     run_dir: Path = Path("runs/default")
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32, description="every seed of the run derives from it (numpy takes 0..2**32-1)")
     report_to: list[Literal["none", "tensorboard", "wandb", "trackio"]] = Field(
         default_factory=lambda: ["none"], description="experiment trackers every stage logs to (one name or a list)"
     )

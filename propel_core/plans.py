@@ -215,7 +215,13 @@ def generator_plan(
     ``rule`` (None: ``reward.rule``); audited when ``train.audit.every`` is set. Another seed or
     folder is another plan from this builder, not a ``replace`` of one: the seed is in its parts too."""
     seed = config.seed if seed is None else seed
-    audit = config.train.audit
+    train, audit = config.train, config.train.audit
+    generation_batch = train.per_device_batch * train.gradient_accumulation
+    if generation_batch % train.group_size:
+        raise ConfigError(
+            f"train.per_device_batch x train.gradient_accumulation ({generation_batch}) must be a multiple of "
+            f"train.group_size ({train.group_size}): a step's completions are whole groups"
+        )
     audit_labels = label_plan(config, audit.k, "train.audit.k", seed, "audit")
     reward = config.reward if rule is None else config.reward.model_copy(update={"rule": rule})
     return GeneratorPlan(
@@ -244,6 +250,12 @@ def solver_plan(config: PropelConfig) -> SolverPlan:
     """solve-train's plan (``RUN/solve/NAME``): its rules read verdicts (markers, verifier_score),
     never a logit, so r_bad keeps the paper's scale."""
     options = config.solve_train
+    if options.replay.strategy != "none" and options.algorithm != "grpo":
+        raise ConfigError("solve_train.replay works with solve_train.algorithm: grpo (TRL's RLOO has no replay here)")
+    if options.baseline == options.name:
+        raise ConfigError(
+            f"solve_train.baseline names this run itself ({options.name!r}): name another solve run to compare with"
+        )
     return SolverPlan(
         folder=config.run_dir / "solve" / options.name,
         options=options,
@@ -270,6 +282,11 @@ def evaluation_plan(config: PropelConfig, shift: int = 0) -> EvaluationPlan:
     ``shift``, one evaluation per RL seed), labels at ``evaluate.k``."""
     seed = evaluation_seed(config.seed, shift)
     evaluate = config.evaluate
+    if evaluate.adapter == "best_audited" and not config.train.audit.every:
+        raise ConfigError(
+            "evaluate.adapter: best_audited is the adapter the audits of training keep, and train.audit.every is 0 "
+            "(no audit): set train.audit.every, or evaluate.adapter: final"
+        )
     return EvaluationPlan(
         folder=config.run_dir / "eval",
         generator=config.generator,

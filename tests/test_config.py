@@ -176,6 +176,36 @@ def test_a_band_the_evaluations_k_cannot_reach_is_named_once_with_its_setting(pr
     assert "raise evaluate.k" in caplog.text
 
 
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        (
+            {"train": {"group_size": 3}},
+            r"train.per_device_batch x train.gradient_accumulation \(64\) must be a multiple",
+        ),
+        (
+            {"solve_train": {"replay": {"strategy": "top_k"}}},
+            r"solve_train.replay works with solve_train.algorithm: grpo",
+        ),
+        (
+            {"solve_train": {"baseline": "trained-tasks"}},
+            r"solve_train.baseline names this run itself \('trained-tasks'\)",
+        ),
+        ({"evaluate": {"adapter": "best_audited"}}, r"evaluate.adapter: best_audited .* train.audit.every is 0"),
+        ({"probe": {"layers": []}}, r"probe: layers lists nothing"),
+        ({"seed": 2**32}, r"seed = 4294967296"),
+    ],
+)
+def test_a_setting_a_stage_would_refuse_later_is_refused_when_the_config_is_read(propel_registry, settings, named):
+    """Conflicts that depend on the config alone, refused in one line before any stage spends anything
+    (each of these passed the read and failed a stage: after label, after training, or with a traceback)."""
+    with pytest.raises(ConfigError, match=named) as caught:
+        validate_config({"domain": {"name": "countdown"}, **settings}, propel_registry)
+    assert "Traceback" not in str(caught.value) and len(str(caught.value).splitlines()) == 2
+    fixed = {"train": {"group_size": 4}, "solve_train": {"replay": {"strategy": "top_k"}, "algorithm": "grpo"}}
+    assert validate_config({"domain": {"name": "countdown"}, **fixed}, propel_registry)
+
+
 def test_a_component_options_are_read_as_its_factory_reads_them(propel_registry):
     """Options are checked against the factory's own signature, nested ones too: a sandbox option
     inside a domain's options, a value of another type; a value pydantic reads is put back as read (a

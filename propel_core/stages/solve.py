@@ -78,8 +78,8 @@ def solve_train(run: Run) -> None:
     held_out, tasks = split_held_out(task_file(run, options.held_out), tasks, options.held_out_tasks)
     log.info("solver training on %d tasks, evaluation on %d held-out tasks", len(tasks), len(held_out))
 
-    if options.replay.strategy != "none" and (options.algorithm != "grpo" or domain.multi_turn):
-        raise PropelError("solve_train.replay works with algorithm grpo on a single-turn domain")
+    if options.replay.strategy != "none" and domain.multi_turn:  # and algorithm grpo: its plan checked that
+        raise PropelError("solve_train.replay works with a single-turn domain; set solve_train.replay.strategy: none")
     reward_model = load_probe(task_file(run, options.reward_model), run.registry) if options.model_steps else None
     train_solver(run.services, plan, tasks, reward_model, checkpoint)
     if not is_main():  # under accelerate launch the main process evaluates, alone

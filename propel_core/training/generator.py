@@ -154,9 +154,9 @@ def _audited_training(
 
 
 def _check(domain, train_config: TrainConfig) -> None:
-    """Refuse, before any model loads, a domain with no generator model to train, a generation batch
-    that is not whole groups, vLLM's server mode without CUDA, vLLM or replay on a multi-turn
-    domain, and under FSDP a multi-turn domain or an audit."""
+    """Refuse, before any model loads, a domain with no generator model to train, vLLM's server mode
+    without CUDA, vLLM or replay on a multi-turn domain, and under FSDP a multi-turn domain or an
+    audit (a generation batch that is not whole groups is refused when the config is read)."""
     import torch
 
     if sharded() and (domain.multi_turn or train_config.audit.every):
@@ -170,12 +170,6 @@ def _check(domain, train_config: TrainConfig) -> None:
         raise PropelError(
             f"domain {domain.name!r} writes its tasks with no model (its generator is a program, "
             "e.g. swe's generator: procedural): there is no generator model to train"
-        )
-    generation_batch = train_config.per_device_batch * train_config.gradient_accumulation
-    if generation_batch % train_config.group_size:
-        raise PropelError(
-            f"train.per_device_batch x train.gradient_accumulation ({generation_batch}) must be a multiple of "
-            f"train.group_size ({train_config.group_size})"
         )
     if train_config.use_vllm and train_config.vllm_mode == "server" and not torch.cuda.is_available():
         raise PropelError(
