@@ -564,12 +564,11 @@ def test_fsdp_refuses_what_would_run_other_forward_passes_in_each_process(monkey
     from propel_core.training.generator import _check
 
     arithmetic = propel_registry.domain("arithmetic")
-    audited = TrainConfig.model_validate({"audit": {"every": 2}})
-    _check(arithmetic, audited)
+    _check(arithmetic, TrainConfig(), audited=True)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.raises(PropelError, match="under FSDP every process must run the same forward passes"):
-        _check(arithmetic, audited)
-    _check(arithmetic, TrainConfig())
+        _check(arithmetic, TrainConfig(), audited=True)
+    _check(arithmetic, TrainConfig(), audited=False)
 
 
 def test_settings_recorded_before_defaults_and_versions_were_still_resume(tmp_path, propel_registry):

@@ -49,7 +49,7 @@ def train_generator(services: Services, plan: GeneratorPlan, audit: Audit | None
 
     folder, generator, train_config, seed = plan.folder, plan.generator, plan.train, plan.seed
     domain = services.domain()
-    _check(domain, train_config)
+    _check(domain, train_config, audited=plan.audit is not None)
     replay = train_config.replay
     buffer = ReplayBuffer.of(replay, seed)
     trainer_class = replaying(GRPOTrainer, buffer, replay.slots) if buffer else GRPOTrainer  # checks TRL's shape
@@ -153,13 +153,13 @@ def _audited_training(
     return True
 
 
-def _check(domain, train_config: TrainConfig) -> None:
+def _check(domain, train_config: TrainConfig, audited: bool) -> None:
     """Refuse, before any model loads, a domain with no generator model to train, vLLM's server mode
     without CUDA, vLLM or replay on a multi-turn domain, and under FSDP a multi-turn domain or an
-    audit (a generation batch that is not whole groups is refused when the config is read)."""
+    ``audited`` training (a generation batch that is not whole groups is refused when the config is read)."""
     import torch
 
-    if sharded() and (domain.multi_turn or train_config.audit.every):
+    if sharded() and (domain.multi_turn or audited):  # the plan's audit: co-evolution never audits
         raise PropelError(
             "under FSDP every process must run the same forward passes on the sharded policy: a multi-turn "
             "domain's episodes (turns differ by process) and train.audit (its adapter copy, made by the main "
