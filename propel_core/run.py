@@ -163,7 +163,8 @@ class Run:
     @contextlib.contextmanager
     def progress(self, description: str, total: int) -> Iterator[Callable[..., None]]:
         """A progress bar on standard error (silent with ``-q``); yields ``advance(n, in_flight=None)``:
-        ``n`` more done, and how many jobs are running now when the caller knows. Where standard error
+        ``n`` more done, and how many jobs are running now when the caller knows (or, as a string, what
+        runs now: a training's step and phase). Where standard error
         is not a terminal (``| tee``, CI, a log file), a plain line every ``progress_interval()``
         seconds and one at the end go to the ``propel`` log instead."""
         from rich.console import Console
@@ -185,7 +186,7 @@ class Run:
             task = bar.add_task(description, total=total, running="")
 
             def advance(n: int = 1, in_flight: int | None = None) -> None:
-                bar.update(task, advance=n, **({} if in_flight is None else {"running": f"{in_flight} in flight"}))
+                bar.update(task, advance=n, **({} if in_flight is None else {"running": _in_flight(in_flight)}))
 
             yield advance
 
@@ -201,6 +202,11 @@ def progress_interval() -> float:
         return float(value) if value else PROGRESS_INTERVAL
     except ValueError:
         raise PropelError(f"PROPEL_PROGRESS_INTERVAL={value!r} is not a number of seconds") from None
+
+
+def _in_flight(in_flight: int | str) -> str:
+    """What a progress bar says runs now: a count of jobs in flight, or the caller's own words."""
+    return in_flight if isinstance(in_flight, str) else f"{in_flight} in flight"
 
 
 @contextlib.contextmanager
@@ -219,7 +225,7 @@ def progress_lines(description: str, total: int, interval: float) -> Iterator[Ca
             done, in_flight, first = state["done"], state["in_flight"], state["first"]
         parts = [f"{description}: {done}/{total} done"]
         if in_flight is not None and not last:
-            parts.append(f"{in_flight} in flight")
+            parts.append(_in_flight(in_flight))
         if first is not None and done > first[1] and now > first[0]:
             parts.append(f"{(done - first[1]) / (now - first[0]):.2f}/s")
         if last:
