@@ -38,11 +38,14 @@ _numbers = itertools.count()
 
 @dataclass(frozen=True)
 class Hierarchy:
-    """Where run groups are made: v1 gives a folder per controller, v2 the same folder for both."""
+    """Where run groups are made: v1 gives a folder per controller, v2 the same folder for all. ``cpu``
+    accounts the CPU time of a group's processes, exited ones included (v1's ``cpuacct``, v2's
+    ``cpu.stat``, there without any controller); None where v1 has no ``cpuacct`` propel may use."""
 
     version: int
     memory: Path
     pids: Path
+    cpu: Path | None = None
 
 
 def _mounts() -> list[tuple[str, str, str, set[str]]]:
@@ -80,7 +83,7 @@ def hierarchy() -> Hierarchy | str:
     own, mounts = _own_paths(), _mounts()
     v1 = {}
     for root, point, kind, options in mounts:
-        for controller in ("memory", "pids"):
+        for controller in ("memory", "pids", "cpuacct"):
             if kind == "cgroup" and controller in options and controller in own:
                 v1[controller] = _folder(root, point, own[controller])
     if "memory" in v1:
@@ -90,12 +93,13 @@ def hierarchy() -> Hierarchy | str:
             return "swap is on and cgroup v1 does not account it (boot with swapaccount=1, or turn swap off)"
         if not all(os.access(folder, os.W_OK) for folder in v1.values()):
             return f"no write access to {v1['memory']} and {v1['pids']} (run as root or delegate them)"
-        return _remove_orphans(Hierarchy(1, v1["memory"], v1["pids"]))
+        cpu = v1.get("cpuacct")
+        return _remove_orphans(Hierarchy(1, v1["memory"], v1["pids"], cpu if cpu and os.access(cpu, os.W_OK) else None))
     for root, point, kind, _ in mounts:
         if kind == "cgroup2" and "" in own:
             folder = _folder(root, point, own[""])
             if {"memory", "pids"} <= _enabled(folder):
-                return _remove_orphans(Hierarchy(2, folder, folder))
+                return _remove_orphans(Hierarchy(2, folder, folder, folder))
             return (
                 f"cgroup v2: the memory and pids controllers are not delegated to {folder} "
                 "(enable them in its cgroup.subtree_control, e.g. systemd-run -p Delegate=yes)"
@@ -140,7 +144,8 @@ class RunGroup:
             raise OSError(found)
         self.hierarchy = found
         name = f"{PREFIX}{os.getpid()}-{next(_numbers)}"
-        self.folders = list(dict.fromkeys((found.memory / name, found.pids / name)))
+        parents = (found.memory, found.pids, *([found.cpu] if found.cpu else []))
+        self.folders = list(dict.fromkeys(parent / name for parent in parents))
         try:
             for folder in self.folders:
                 folder.mkdir()
@@ -168,6 +173,29 @@ class RunGroup:
             return [int(pid) for pid in (self.folders[0] / "cgroup.procs").read_text().split()]
         except OSError:
             return []
+
+    def threads(self) -> list[int]:
+        """The ids of every thread in the group now (the kernel's, as ``/proc`` names them)."""
+        name = "tasks" if self.hierarchy.version == 1 else "cgroup.threads"
+        try:
+            return [int(tid) for tid in (self.folders[0] / name).read_text().split()]
+        except OSError:
+            return []
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU time the group's processes have used, exited ones included (None: not accounted)."""
+        cpu = self.hierarchy.cpu
+        if cpu is None:
+            return None
+        folder = cpu / self.folders[0].name
+        with contextlib.suppress(OSError, ValueError):
+            if self.hierarchy.version == 1:
+                return int((folder / "cpuacct.usage").read_text()) / 1e9
+            for line in (folder / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+        return None
 
     def reap(self, patience: float = 5.0) -> bool:
         """Kill every process in the group until none is left; False if some survive ``patience`` s."""
@@ -207,7 +235,7 @@ class RunGroup:
 
 def _remove_orphans(found: Hierarchy) -> Hierarchy:
     """Remove run groups left by processes that are gone (a propel killed with SIGKILL); once a process."""
-    for parent in dict.fromkeys((found.memory, found.pids)):
+    for parent in dict.fromkeys((found.memory, found.pids, *([found.cpu] if found.cpu else []))):
         with contextlib.suppress(OSError):
             for folder in parent.iterdir():
                 if not folder.name.startswith(PREFIX):

@@ -47,11 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from propel_core import PropelError, Unavailable, hookimpl
+from propel_core.clock import SAMPLE_EVERY, RunClock
+from propel_core.contracts import SANDBOX_STATUSES
 from propel_plugins import bounds
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("ok", "error", "timeout", "oom", "output_limit", "disk_limit", "crashed", "no_result", "sandbox_error")
+STATUSES = SANDBOX_STATUSES
 RESULT_FILE = "result.json"
 PYTHON_MOUNT = "/python"  # where the interpreter's prefix appears inside the sandbox
 
@@ -75,6 +77,10 @@ class SandboxResult:
     duration: float = 0.0
     detail: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: seconds of CPU the run's processes used (children and exited ones included)
+    cpu_seconds: float = 0.0
+    #: seconds its threads were ready to run and waited for a CPU (the machine's load, not the run)
+    wait_seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -98,8 +104,11 @@ class LocalSandbox:
         allow_unisolated: bool = False,
         python_env: str | None = None,
         hide: list[str] | None = None,
+        backstop: float = 10.0,
     ):
-        self.time_limit = time_limit
+        if backstop < 2:
+            raise PropelError(f"the sandbox's backstop is a multiple of the time limit of at least 2; got {backstop}")
+        self.time_limit, self.backstop = time_limit, backstop
         self.memory_bytes = memory_mb << 20
         self.max_output_bytes = max_output_bytes
         self.max_file_bytes = max_file_bytes
@@ -304,20 +313,26 @@ class LocalSandbox:
                 group.close()
             return SandboxResult("sandbox_error", detail=f"could not start: {exc}")
         launch.started()
-        stdout, stderr, stopped = self._collect(process, started + time_limit)
+        clock = RunClock(time_limit, self.backstop, started=started)
+        stdout, stderr, stopped = self._collect(process, clock, group)
         self._kill(process)
         returncode = process.wait()
         oom = False
         if group is not None:  # every process of the run is gone before anything is read or removed
             cell.stuck |= not group.reap()
             oom = group.oom_killed()
+        clock.sample((), group.cpu_seconds() if group is not None else None)  # the accounting, final
+        if group is not None:
             group.close()
+        if stopped is None:  # it ended by itself: judged on its clocks as they ended
+            stopped = clock.over(ended=True)
         result = SandboxResult(
             status="ok",
             returncode=returncode,
             stdout=stdout.decode(errors="replace"),
             stderr=stderr.decode(errors="replace"),
-            duration=time.monotonic() - started,
+            duration=clock.wall,
+            **clock.times(),
         )
         result.status, result.detail = self._classify(result, stopped, launch.ready(), oom, read_result)
         if result.status == "ok" and read_result:
@@ -326,30 +341,41 @@ class LocalSandbox:
             result.status, result.detail = "disk_limit", full
         return result
 
-    def _collect(self, process: subprocess.Popen, deadline: float) -> tuple[bytes, bytes, str | None]:
-        """Read both pipes until exit, the deadline, or the output cap; say which stopped it."""
+    def _collect(
+        self, process: subprocess.Popen, clock: RunClock, group: bounds.RunGroup | None
+    ) -> tuple[bytes, bytes, tuple[str, str] | None]:
+        """Read both pipes until the run exits, goes over its time (:class:`RunClock`: CPU time, own
+        time, the wall-clock backstop) or over the output cap; say which stopped it, as (status, why)."""
         chunks = {process.stdout: bytearray(), process.stderr: bytearray()}
+
+        def out(stopped: tuple[str, str] | None) -> tuple[bytes, bytes, tuple[str, str] | None]:
+            return bytes(chunks[process.stdout]), bytes(chunks[process.stderr]), stopped
+
         with selectors.DefaultSelector() as selector:
             for pipe in chunks:
                 selector.register(pipe, selectors.EVENT_READ)
-            while selector.get_map():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return bytes(chunks[process.stdout]), bytes(chunks[process.stderr]), "timeout"
-                for key, _ in selector.select(timeout=min(remaining, 0.5)):
+            while True:
+                if clock.due():
+                    if group is not None:
+                        clock.sample(group.threads(), group.cpu_seconds())
+                    else:
+                        clock.sample(_threads_of(process.pid))
+                    if verdict := clock.over():
+                        return out(verdict)
+                if not selector.get_map():  # pipes closed: the program exited (or closed them)
+                    try:
+                        process.wait(timeout=SAMPLE_EVERY)
+                        return out(None)
+                    except subprocess.TimeoutExpired:
+                        continue
+                for key, _ in selector.select(timeout=SAMPLE_EVERY):
                     data = os.read(key.fd, 65536)
                     if not data:
                         selector.unregister(key.fileobj)
                         continue
                     chunks[key.fileobj] += data
                     if sum(map(len, chunks.values())) > self.max_output_bytes:
-                        return bytes(chunks[process.stdout]), bytes(chunks[process.stderr]), "output_limit"
-        # pipes closed: the program exited (or closed them); give it until the deadline to finish
-        try:
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            return bytes(chunks[process.stdout]), bytes(chunks[process.stderr]), "timeout"
-        return bytes(chunks[process.stdout]), bytes(chunks[process.stderr]), None
+                        return out(("output_limit", f"stdout + stderr exceeded {self.max_output_bytes} bytes"))
 
     def _kill(self, process: subprocess.Popen) -> None:
         """Kill the session. Inside bubblewrap the pid namespace dies with it, taking every process."""
@@ -359,7 +385,7 @@ class LocalSandbox:
             pipe.close()
 
     def _classify(
-        self, result: SandboxResult, stopped: str | None, started_ok: bool, oom: bool, program: bool
+        self, result: SandboxResult, stopped: tuple[str, str] | None, started_ok: bool, oom: bool, program: bool
     ) -> tuple[str, str | None]:
         """The status of a run. For a ``program`` (``run_python``) an exit by signal means the limit
         behind it; a command's exit code is whatever the code it ran chose (``exit 152`` is not a CPU
@@ -367,10 +393,8 @@ class LocalSandbox:
         at the run's memory bound) is more than an error there."""
         if not started_ok:
             return "sandbox_error", result.stderr.strip()[-500:] or "bubblewrap did not start the program"
-        if stopped == "timeout":
-            return "timeout", "no exit within the wall-clock limit"
-        if stopped == "output_limit":
-            return "output_limit", f"stdout + stderr exceeded {self.max_output_bytes} bytes"
+        if stopped is not None:
+            return stopped
         code = result.returncode
         if code == 0:
             return "ok", None
@@ -691,6 +715,14 @@ def _open_regular(host: str, flags: int, path: str) -> int:
         raise PropelError(f"{path} is not a regular file")
     os.set_blocking(fd, True)
     return fd
+
+
+def _threads_of(pid: int) -> list[int]:
+    """The threads of process ``pid`` (without a cgroup, its children are not seen)."""
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
 
 
 def _python_in_mount() -> str:

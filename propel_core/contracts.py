@@ -85,15 +85,40 @@ def paid_in_logits(rule: RewardRule) -> bool:
     return bool(rule.needs & LOGIT_SCORES)
 
 
-class Outcome(Protocol):
-    """What a sandboxed run returns."""
+#: the statuses a sandboxed run ends with; ``sandbox_error`` alone is the harness's failure (the grader
+#: makes the attempt ungradable), every other one is the program's doing
+SANDBOX_STATUSES = (
+    "ok", "error", "timeout", "oom", "output_limit", "disk_limit", "crashed", "no_result", "sandbox_error",
+)  # fmt: skip
 
-    #: ok, error, timeout, oom, output_limit, disk_limit, crashed, no_result or sandbox_error
+
+class Outcome(Protocol):
+    """What a sandboxed run returns.
+
+    **Time.** A run's time limit is judged by what the run itself used, never by the wall clock
+    alone, so that a verdict is the same on an idle machine and on a busy one (``propel_core.clock``):
+    ``timeout`` means its processes (children and exited ones included) used more CPU time than the
+    limit, or more *own time* than the limit (the wall clock less the time its threads waited for a
+    CPU: sleeping, blocking, a deadlock). A run still going when the wall clock reaches the sandbox's
+    backstop (several times the limit) had used neither: it queued for a CPU, so the machine was too
+    busy to judge it, and it ends ``sandbox_error`` with a ``detail`` starting ``overloaded``, which
+    graders make ungradable and the stages run again (``propel_core.execution``). A third-party
+    sandbox reports ``cpu_seconds`` and ``duration`` as it measured them and follows the same rule;
+    one that can only judge by the wall clock says so in its docs, since its verdicts move with load.
+    """
+
+    #: one of ``SANDBOX_STATUSES``
     status: str
     #: the JSON the program wrote to ``result.json``, parsed as data (None when it wrote none)
     result: Any
     stdout: str
     stderr: str
+    #: why the status (the limit it went over, the harness's failure), or None for ``ok``
+    detail: str | None
+    #: seconds of CPU the run's processes used, children and exited ones included
+    cpu_seconds: float
+    #: seconds of wall clock from start to end
+    duration: float
 
 
 @runtime_checkable

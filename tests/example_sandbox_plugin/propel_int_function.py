@@ -164,7 +164,7 @@ def read_outputs(result: Any, count: int) -> list[dict[str, Any]] | None:
 
 
 def why(run: Any) -> str:
-    """A short reason for a run that did not end ``ok``: the local sandbox's ``detail``, else the end
-    of the run's stderr (the contract, ``propel_core.Outcome``, promises only status, result, stdout
-    and stderr)."""
+    """A short reason for a run that did not end ``ok``: the sandbox's ``detail``, else the end of the
+    run's stderr (a sandbox written before the contract, ``propel_core.Outcome``, promised ``detail``
+    may lack it)."""
     return str(getattr(run, "detail", None) or run.stderr.strip()[-200:] or "no detail")[:200]

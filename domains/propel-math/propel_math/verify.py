@@ -5,9 +5,12 @@ read-only filesystem. Graders are called from many threads at once, so a request
 its own from a pool (starting one when none is idle) and gives it back when answered: no two threads
 ever share a worker's pipes. At most one request per CPU core runs at a time (the others wait for a
 slot before their clock starts), so the verifier's own load never eats into a request's ``timeout``.
-A request that takes longer than ``timeout``, or a worker that dies, gets that worker killed (the
-others go on) and the comparison reported as unknown (None). A worker lives as long as propel's
-process or ``MAX_REQUESTS`` requests; it never depends on the thread that started it.
+A request's time is judged as the sandbox judges a run (``propel_core.clock``): by the worker's CPU
+time and own time, not the time it queued for a CPU on a busy machine. A request past ``timeout``, or
+a worker that dies, gets that worker killed (the others go on) and the comparison reported as unknown
+(None); one that the machine kept from running for ten times ``timeout`` raises ``PropelError``
+(``overloaded: ...``), which makes the attempt ungradable (the stages grade it again). A worker lives
+as long as propel's process or ``MAX_REQUESTS`` requests; it never depends on the thread that started it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ import sys
 import threading
 import time
 import weakref
+from pathlib import Path
 
+from propel_core import PropelError
+from propel_core.clock import SAMPLE_EVERY, RunClock
 from propel_plugins.executors import available_cores
 
 MAX_REQUESTS = 200  # a worker's CPU limit (an hour) covers this many requests of the longest timeout
@@ -93,6 +99,7 @@ class Worker:
         self.startup_timeout, self.timeout = verifier.startup_timeout, verifier.timeout
         self.ready = False  # the worker says when it has started; the first request waits for that first
         self.requests = 0
+        self._pids: list[int] = []
         weakref.finalize(self, _kill, self.process)
 
     def ask(self, request: dict) -> dict | None:
@@ -107,15 +114,60 @@ class Worker:
             self.process.stdin.flush()
         except OSError:
             return None
-        line = _read_line(self.process.stdout.fileno(), self.timeout)
+        line = self._reply()
         self.requests += 1
         try:
             return json.loads(line) if line is not None else None
         except ValueError:
             return None
 
+    def _reply(self) -> bytes | None:
+        """The reply's line, or None once the request has used ``timeout`` of CPU or own time."""
+        clock = RunClock(self.timeout).begin(self._threads())
+        fd, data = self.process.stdout.fileno(), b""
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while not data.endswith(b"\n"):
+                if selector.select(timeout=SAMPLE_EVERY):
+                    try:
+                        chunk = os.read(fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        return None
+                    data += chunk
+                if clock.due():
+                    clock.sample(self._threads())
+                    if (over := clock.over()) is not None:
+                        if over[0] == "timeout":
+                            return None
+                        raise PropelError(f"the math verifier: {over[1]}")
+        return data
+
+    def _threads(self) -> list[int]:
+        """The threads of every process of the worker's session (bubblewrap's, prlimit's, Python's)."""
+        if not self._pids:  # the worker starts no process after it has started
+            self._pids = _session(self.process.pid)
+        tids = []
+        for pid in self._pids:
+            with contextlib.suppress(OSError):
+                tids += [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+        return tids
+
     def close(self) -> None:
         _kill(self.process)
+
+
+def _session(sid: int) -> list[int]:
+    """The processes of session ``sid``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = Path(f"/proc/{name}/stat").read_bytes()
+                if int(stat[stat.rindex(b")") + 2 :].split()[3]) == sid:
+                    found.append(int(name))
+    return found
 
 
 def _read_line(fd: int, timeout: float) -> bytes | None:
