@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from propel_core.config import LabelConfig, ModelConfig
-from propel_core.contracts import Attempt, Episode, Grading
+from propel_core.contracts import Attempt, Episode, Grading, Job, JobRunner
 from propel_core.errors import PropelError
 from propel_core.records import Context, JsonlWriter, Label, Record, SolverAttempt, Task, iter_jsonl, put_in_order
 
@@ -47,6 +47,48 @@ class AttemptRecord(Record):
     task_id: str
     index: int
     attempt: SolverAttempt
+
+
+#: how many more times an attempt the harness could not grade (an overloaded machine, a sandbox that
+#: did not start) is run before it is recorded ungradable
+RETRIES = 2
+
+
+def graded(
+    services: Services, worker: JobRunner, jobs: list[Attempt] | list[Grading]
+) -> Iterator[tuple[Job, SolverAttempt]]:
+    """Run attempt or grading jobs on the executor and yield ``(job, attempt)`` as each is final: an
+    attempt that comes back ungradable runs again, up to ``RETRIES`` more times, never counted as
+    failed. A single-turn attempt's text is graded again (the solver's sample is kept, so what a seed
+    gives does not depend on the load); a multi-turn episode, or an attempt whose episode failed
+    before it wrote anything, runs again whole with its own seed. The attempt yielded lists why each
+    earlier try could not be graded (``SolverAttempt.retries``)."""
+    multi_turn = services.domain().multi_turn
+    first_of: dict[Job, Job] = {}
+    reasons: dict[Job, list[str]] = {}
+    pending: list[Job] = list(jobs)
+    while pending:
+        again: list[Job] = []
+        for job, attempt in services.executor().run(worker, pending):
+            first = first_of.pop(job, job)
+            tried = reasons.get(first, [])
+            if attempt.solved is None and len(tried) < RETRIES:
+                reasons[first] = [*tried, attempt.reason or "no reason given"]
+                if isinstance(first, Attempt) and (multi_turn or not attempt.text):
+                    retry: Job = Attempt(first.task, first.index, first.seed)
+                else:
+                    retry = Grading(first.task, attempt.text)
+                first_of[retry] = first
+                again.append(retry)
+                continue
+            yield first, attempt.model_copy(update={"retries": reasons.pop(first)}) if tried else attempt
+        if again:
+            log.info(
+                "%d attempts the harness could not grade run again (%s)",
+                len(again),
+                reasons[first_of[again[0]]][-1][:200],
+            )
+        pending = again
 
 
 def journal_path(path: Path) -> Path:
@@ -91,7 +133,7 @@ def graded_attempts(
     try:
         with services.progress(f"{description} ({model.model_id}, K={k})", total=len(tasks)) as advance:
             advance(len(complete))
-            for job, attempt in services.executor().run(worker, jobs):
+            for job, attempt in graded(services, worker, jobs):
                 found = done[job.task.id]
                 found[job.index] = attempt
                 note_ungradable(services, description, job.task, attempt)
@@ -111,7 +153,7 @@ def graded_texts(services: Services, attempts: list[tuple[Task, str]], model: Mo
     policy's rollouts are verified as widely as the executor spreads them); ``model`` is the role the
     attempts stand for (its worker is cached under it; it is never loaded)."""
     jobs = [Grading(task, text) for task, text in attempts]
-    grades = dict(services.executor().run(services.worker(model), jobs))
+    grades = dict(graded(services, services.worker(model), jobs))
     for job in jobs:
         note_ungradable(services, "grading", job.task, grades[job])
     return [grades[job] for job in jobs]

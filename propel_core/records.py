@@ -188,6 +188,11 @@ class SolverAttempt(Record):
     solved: bool | None = Field(description="null when the attempt could not be graded")
     reason: str | None = Field(None, description="why it failed or could not be graded")
     diagnostics: dict[str, Any] = Field(default_factory=dict, description="format diagnostics")
+    retries: list[str] = Field(
+        default_factory=list,
+        description="why each earlier try could not be graded (the harness failed, e.g. an overloaded machine); "
+        "each was run again, and this is the last try",
+    )
 
 
 class Label(Record):

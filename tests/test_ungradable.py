@@ -17,20 +17,37 @@ from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, iter_js
 #: a third-party domain: countdown, whose grader raises on even targets until FRAGILE_GRADER_FIXED is set
 FRAGILE = """
 import os
+import threading
 
-from propel_core import hookimpl
+from propel_core import Verdict, hookimpl
 from propel_countdown.plugin import Countdown
 
 
 @hookimpl
 def register_domains(register):
     register("fragile_countdown", Fragile)
+    register("flaky_countdown", Flaky)
 
 
 class Fragile(Countdown):
     def grade(self, payload, attempt):
         if payload["target"] % 2 == 0 and not os.environ.get("FRAGILE_GRADER_FIXED"):
             raise ValueError(f"no grader for target {payload['target']}")
+        return super().grade(payload, attempt)
+
+
+SEEN, LOCK = set(), threading.Lock()
+
+
+class Flaky(Countdown):
+    # the first grading of each attempt fails as an overloaded sandbox fails it
+
+    def grade(self, payload, attempt):
+        with LOCK:
+            first = (payload["target"], attempt) not in SEEN
+            SEEN.add((payload["target"], attempt))
+        if first:
+            return Verdict(None, "sandbox_error: overloaded: the machine was too busy to judge the run")
         return super().grade(payload, attempt)
 """
 
@@ -60,10 +77,10 @@ def fragile_plugin(tmp_path, monkeypatch):
     return site
 
 
-def fragile_run(folder: Path) -> Path:
-    """A run folder with the four puzzles as valid fragile_countdown tasks; returns its config."""
+def fragile_run(folder: Path, name: str = "fragile_countdown") -> Path:
+    """A run folder with the four puzzles as valid tasks of domain ``name``; returns its config."""
     registry = Registry.build(get_plugin_manager())
-    domain = registry.domain("fragile_countdown")
+    domain = registry.domain(name)
     predicates = registry.validity_predicates(domain)
     with JsonlWriter(folder / "tasks.jsonl") as out:
         for i, text in enumerate(PUZZLES):
@@ -72,7 +89,7 @@ def fragile_run(folder: Path) -> Path:
             out.write(task)
     config = folder / "run.yaml"
     config.write_text(
-        f"run_dir: {folder}\ndomain: {{name: fragile_countdown}}\n"
+        f"run_dir: {folder}\ndomain: {{name: {name}}}\n"
         "label: {k: 2, band_low: 0.25, band_high: 0.75}\nsolver: {sampling: {max_new_tokens: 24}}\n"
     )
     return config
@@ -102,6 +119,10 @@ def test_a_raising_grader_is_summed_up_exits_3_and_is_redone_after_the_fix(
     labels = by_task(tmp_path / "labels.jsonl")
     assert [labels[t].utility is None and labels[t].solve_rate is None for t in ("t0", "t2")] == [True, True]
     assert all(labels[t].solve_rate is not None for t in ("t1", "t3"))
+    # each ungradable attempt was graded three times in all, and says why the first two failed
+    retried = [a.retries for t in ("t0", "t2") for a in labels[t].attempts]
+    assert all(len(reasons) == 2 and reasons[0].startswith("grader failed: ValueError") for reasons in retried)
+    assert all(a.retries == [] for t in ("t1", "t3") for a in labels[t].attempts)
     summary = first.stdout.splitlines()
     assert summary[0].endswith("unknown 2") and summary[1].endswith("unknown: 2"), first.stdout
     histogram = [int(count) for count in re.findall(r"\d/2: (\d+)", summary[1])]
@@ -126,6 +147,26 @@ def test_a_raising_grader_is_summed_up_exits_3_and_is_redone_after_the_fix(
     clean = propel_cli("-q", "label", str(fragile_run(fresh)), check=False)
     assert clean.returncode == 0, clean.stderr
     assert by_task(fresh / "labels.jsonl") == after
+
+
+@pytest.mark.slow
+def test_an_attempt_the_harness_could_not_grade_is_graded_again_never_failed(fragile_plugin, propel_cli, tmp_path):
+    """A grader whose harness fails the first grading of every attempt (an overloaded machine): the
+    label stage grades each again, finishes with no ungradable attempt, and every verdict is the one
+    countdown's own grader gives the attempt's text; an attempt records why its first try failed."""
+    config = fragile_run(tmp_path, "flaky_countdown")
+    done = propel_cli("-q", "label", str(config), check=False)
+    assert done.returncode == 0 and grader_lines(done.stderr) == [], done.stderr
+    countdown = Registry.build().domain("countdown")
+    tasks = {task.id: task for task in iter_jsonl(tmp_path / "tasks.jsonl", Task)}
+    labels = by_task(tmp_path / "labels.jsonl")
+    assert sorted(labels) == ["t0", "t1", "t2", "t3"]
+    attempts = [(label.task_id, attempt) for label in labels.values() for attempt in label.attempts]
+    for task_id, attempt in attempts:
+        assert attempt.solved is countdown.grade(tasks[task_id].payload, attempt.text).solved
+        assert attempt.retries in ([], ["sandbox_error: overloaded: the machine was too busy to judge the run"])
+    # the harness failed once for each distinct text at a task (a repeated text was graded before)
+    assert sum(bool(a.retries) for _, a in attempts) == len({(t, a.text) for t, a in attempts}) > 0
 
 
 def test_reopening_keeps_the_gradable_attempts_in_the_journal(tmp_path):

@@ -11,7 +11,7 @@ from typing import Any
 
 from propel_core import Context, Domain, Messages, ModelConfig, ParseError, Sampling, Task, Validity, Verdict, hookimpl
 from propel_math.pools import BUILTIN_POOLS, builtin_pool, load_pool
-from propel_math.verify import Verifier
+from propel_math.verify import Overloaded, Verifier
 
 
 @hookimpl
@@ -156,11 +156,14 @@ class Math(Domain):
         diagnostics = {"missing_answer": answer is None, "boxed": "\\boxed" in attempt}
         if answer is None:
             return Verdict(False, "no final answer", diagnostics)
-        equal = self.verifier.equal(payload["answer"], answer)
-        if equal is None and self.reference_compares(payload["answer"]):
-            # the reference alone compares within the budget, so the answer is what the verifier
-            # could not finish (a tower of powers, say): not solved, never a stall RL could learn
-            return Verdict(False, f"the verifier gave no verdict on answer {answer[:60]!r} in time", diagnostics)
+        try:
+            equal = self.verifier.equal(payload["answer"], answer)
+            if equal is None and self.reference_compares(payload["answer"]):
+                # the reference alone compares within the budget, so the answer is what the verifier
+                # could not finish (a tower of powers, say): not solved, never a stall RL could learn
+                return Verdict(False, f"the verifier gave no verdict on answer {answer[:60]!r} in time", diagnostics)
+        except Overloaded as exc:  # the machine's doing: ungradable, and graded again
+            return Verdict(None, str(exc), diagnostics)
         if equal is None:
             return Verdict(None, "the verifier did not answer (timeout or crash)", diagnostics)
         return Verdict(equal, None if equal else f"answer {answer[:60]!r} differs from the reference", diagnostics)

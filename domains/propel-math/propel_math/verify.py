@@ -8,8 +8,8 @@ slot before their clock starts), so the verifier's own load never eats into a re
 A request's time is judged as the sandbox judges a run (``propel_core.clock``): by the worker's CPU
 time and own time, not the time it queued for a CPU on a busy machine. A request past ``timeout``, or
 a worker that dies, gets that worker killed (the others go on) and the comparison reported as unknown
-(None); one that the machine kept from running for ten times ``timeout`` raises ``PropelError``
-(``overloaded: ...``), which makes the attempt ungradable (the stages grade it again). A worker lives
+(None); one that the machine kept from running for ten times ``timeout`` raises ``Overloaded``, and
+the grader makes the attempt ungradable (the stages grade it again). A worker lives
 as long as propel's process or ``MAX_REQUESTS`` requests; it never depends on the thread that started it.
 """
 
@@ -28,11 +28,14 @@ import time
 import weakref
 from pathlib import Path
 
-from propel_core import PropelError
 from propel_core.clock import SAMPLE_EVERY, RunClock
 from propel_plugins.executors import available_cores
 
 MAX_REQUESTS = 200  # a worker's CPU limit (an hour) covers this many requests of the longest timeout
+
+
+class Overloaded(Exception):
+    """The machine was too busy for the verifier to answer: no verdict on the answer either way."""
 
 
 class Verifier:
@@ -141,7 +144,7 @@ class Worker:
                     if (over := clock.over()) is not None:
                         if over[0] == "timeout":
                             return None
-                        raise PropelError(f"the math verifier: {over[1]}")
+                        raise Overloaded(f"{over[1]} (the math verifier)")
         return data
 
     def _threads(self) -> list[int]:

@@ -167,8 +167,9 @@ def install(root: str, written: dict[str, list[int]]):
     ``through_the_hook`` functions: none of them holds an original or any of the guard's state.
 
     It also returns ``arm(seconds)`` and ``disarm()``, a test's time limit: the runner arms it as a
-    phase of a test starts and disarms it as the phase ends; past it, SIGALRM from the real-time
-    interval timer makes the phase raise ``OutOfTime`` (a loop in Python code stops at its next
+    phase of a test starts and disarms it as the phase ends; past it, SIGPROF from the profiling
+    interval timer (the process's CPU time, so a busy machine does not bring it on) makes the phase
+    raise ``OutOfTime`` (a loop in Python code stops at its next
     bytecode; code that holds the interpreter in C, or stops the timer itself, runs on to the
     suite's own limit). The handler lives in the hook's closure too, is put in only while a limit is
     armed, and what the repository had set (its own handler, a timer of its own) is given back."""
@@ -406,8 +407,8 @@ def install(root: str, written: dict[str, list[int]]):
         return guarded
 
     made = set(modules)  # builtin and extension modules made so far: the change may not make them again
-    set_timer, handler_of, monotonic, out_of_time = _signal.setitimer, _signal.getsignal, time.monotonic, OutOfTime
-    alarm_signal, real_time, default_action = _signal.SIGALRM, _signal.ITIMER_REAL, _signal.SIG_DFL
+    set_timer, handler_of, cpu_clock, out_of_time = _signal.setitimer, _signal.getsignal, time.process_time, OutOfTime
+    alarm_signal, cpu_time, default_action = _signal.SIGPROF, _signal.ITIMER_PROF, _signal.SIG_DFL
     armed: list[tuple] = []  # (the handler before, the timer before, when), while a limit is armed
 
     def past_the_limit(signalnum, frame):
@@ -419,17 +420,17 @@ def install(root: str, written: dict[str, list[int]]):
         if type(seconds) not in (int, float) or not 0 < seconds < 1e6 or armed:
             return
         before = set_handler(alarm_signal, past_the_limit)
-        armed.append((before, set_timer(real_time, seconds), monotonic()))
+        armed.append((before, set_timer(cpu_time, seconds), cpu_clock()))
 
     def disarm() -> None:
         if not armed:
             return
         before, (left, interval), since = armed.pop()
-        set_timer(real_time, 0)
+        set_timer(cpu_time, 0)
         if handler_of(alarm_signal) is past_the_limit:  # a handler the test set itself stays
             set_handler(alarm_signal, default_action if before is None else before)
         if left:  # a timer of the repository's own was running: it goes on
-            set_timer(real_time, max(left - (monotonic() - since), 1e-6), interval)
+            set_timer(cpu_time, max(left - (cpu_clock() - since), 1e-6), interval)
 
     # what the hook does when asked (EVENT): the guarded originals, and the runners' two questions
     operations = {

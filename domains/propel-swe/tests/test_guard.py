@@ -133,7 +133,7 @@ def guard_state_cleared():  # the guard's state, if in reach, emptied (the chang
 
 
 def builtins_poisoned():  # the builtins the guard's functions read, if in reach: any() always False
-    for value in in_reach() + [signal.getsignal(signal.SIGALRM)]:
+    for value in in_reach() + [signal.getsignal(signal.SIGPROF)]:
         for space in (getattr(value, "__globals__", None), getattr(value, "__builtins__", None)):
             if type(space) is dict:
                 inner = space.get("__builtins__", space)
@@ -161,7 +161,7 @@ def class_swapped_through_functools():  # a test module given a class the change
 def time_limit_handler_swapped():  # the handler of the armed time limit given the change's code
     import functools
 
-    functools.update_wrapper(signal.getsignal(signal.SIGALRM), frame, assigned=("__code__",), updated=())
+    functools.update_wrapper(signal.getsignal(signal.SIGPROF), frame, assigned=("__code__",), updated=())
 
 
 def harmless():
