@@ -165,16 +165,35 @@ def available_cores() -> int:
     return cores if quota == "max" else max(1, min(cores, int(quota) // int(period)))
 
 
+def busy_threads(samples: int = 5, interval: float = 0.01) -> int:
+    """How many threads of the machine, but the one asking, are running or waiting for a core now: the
+    kernel's count of runnable tasks (``procs_running`` in /proc/stat) less the asker, the median of
+    ``samples`` readings ``interval`` seconds apart (0 where /proc has no such count). This process's
+    other busy threads count: an audit generating beside a training, a grader beside the model."""
+    readings = []
+    for sample in range(samples):
+        if sample:
+            time.sleep(interval)
+        try:
+            stat = Path("/proc/stat").read_text().splitlines()
+            readings.append(int(next(line for line in stat if line.startswith("procs_running")).split()[1]))
+        except (OSError, StopIteration, ValueError):
+            return 0
+    return max(0, sorted(readings)[len(readings) // 2] - 1)
+
+
 def chosen_threads(workers: int) -> int | None:
     """Torch's intra-op threads while ``workers`` jobs run in threads of this process: the model's calls
     come from one thread (the turn batcher), and each other job may keep a core busy grading (a
-    sandbox, a test suite), so the model gets the cores those leave, at least one: ``cores - workers +
-    1``. None (torch's own count kept) where the user set ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS``.
-    With a thread per core, the model, the graders and any other process on the machine fight over
-    the cores, and torch's threads wait for each other at every operation (docs/scaling.md)."""
+    sandbox, a test suite), so the model gets the cores those and other threads leave, at least one:
+    ``cores - workers + 1 - busy``, where ``busy`` counts the other threads running now, this
+    process's and other processes' (:func:`busy_threads`); a training asks with one worker, itself,
+    at every step. None (torch's own count kept) where the user set ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS``. With a
+    thread per core, the model, the graders and any other process on the machine fight over the
+    cores, and torch's threads wait for each other at every operation (docs/scaling.md)."""
     if any(os.environ.get(name) for name in THREAD_VARIABLES):
         return None
-    return max(1, available_cores() - workers + 1)
+    return max(1, available_cores() - workers + 1 - busy_threads())
 
 
 @contextlib.contextmanager

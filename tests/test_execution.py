@@ -179,14 +179,21 @@ class ThreadsSeen:
 def test_the_local_executor_shares_the_cores_among_its_workers(workers, monkeypatch):
     import torch
 
+    from propel_plugins import executors
     from propel_plugins.executors import available_cores
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setattr(executors, "busy_threads", lambda: 0)  # a quiet machine
     before, runner = torch.get_num_threads(), ThreadsSeen()
     assert len(dict(LocalExecutor(workers=workers).run(runner, list(range(6))))) == 6
     assert runner.seen == {max(1, available_cores() - workers + 1)}
     assert torch.get_num_threads() == before  # given back when the jobs are done
+
+    monkeypatch.setattr(executors, "busy_threads", lambda: 2)  # two threads of other processes running
+    runner = ThreadsSeen()
+    dict(LocalExecutor(workers=workers).run(runner, list(range(3))))
+    assert runner.seen == {max(1, available_cores() - workers + 1 - 2)}
 
     runner = ThreadsSeen()
     dict(LocalExecutor(workers=workers, torch_threads=3).run(runner, list(range(3))))
@@ -200,3 +207,19 @@ def test_the_local_executor_shares_the_cores_among_its_workers(workers, monkeypa
         assert runner.seen == {5}  # the user chose: kept
     finally:
         torch.set_num_threads(before)
+
+
+def test_busy_processes_beside_are_counted():
+    """The executor's and a training's thread choice counts the threads of other processes running now:
+    CPU-bound processes in their own sessions, as a neighbour's jobs are."""
+    import subprocess
+
+    from propel_plugins.executors import busy_threads
+
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(2)]
+    try:
+        assert busy_threads() >= 2
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()

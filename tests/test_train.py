@@ -1,6 +1,7 @@
 """The loop after the probe: reward scorer, real GRPO steps with LoRA on the embedded model, evaluate,
 report and co-evolution."""
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -96,13 +97,48 @@ def test_one_reward_per_completion_and_logged(probed_run, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained_run(probed_run):
+def shown_progress():
+    """What the training of ``trained_run`` put on the progress bar: (description, total), then each
+    advance as (steps, what runs now)."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def trained_run(probed_run, shown_progress):
     """``probed_run`` after two real GRPO steps, with the reference's weights from before them."""
     reference = probed_run.registry.backend(ModelConfig())
     before = {name: value.clone() for name, value in reference.model.state_dict().items()}
     shutil.rmtree(probed_run.dir / "train", ignore_errors=True)
-    train(probed_run)
+
+    @contextlib.contextmanager
+    def progress(description, total):
+        shown_progress.append((description, total))
+        yield lambda n=1, in_flight=None: shown_progress.append((n, in_flight))
+
+    services = probed_run.services
+    probed_run.__dict__["services"] = replace(services, progress=progress)  # the run's, its bar recorded
+    try:
+        train(probed_run)
+    finally:
+        probed_run.__dict__["services"] = services
     return probed_run, before
+
+
+def test_each_step_shows_its_phase_and_the_time_left_on_the_progress_bar(trained_run, shown_progress):
+    """Inside a step the bar says what runs and for how long (issue 57: a step sat at 0/N for minutes):
+    generating (the policy's completions), scoring (the probe reward), updating (the loss's forward
+    and backward passes, the optimizer step); from the second step on, the mean step and the time left."""
+    assert shown_progress[0] == ("train", 2)
+    advances = shown_progress[1:]
+    assert sum(n for n, _ in advances) == 2
+    for step in (1, 2):
+        phases = [status.split(": ")[1].split()[0] for _, status in advances if status.startswith(f"step {step}/2: ")]
+        assert [phase for i, phase in enumerate(phases) if phases[i - 1 : i] != [phase]] == [
+            "generating",
+            "scoring",
+            "updating",
+        ]
+    assert any(status.startswith("step 2/2: generating") and "s a step, about" in status for _, status in advances)
 
 
 def test_two_grpo_steps_update_the_adapter_and_not_the_reference(trained_run):

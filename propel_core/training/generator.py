@@ -23,6 +23,7 @@ from propel_core.training.audit import Audit, audited
 from propel_core.training.checkpoints import keep_steps_before, prepare_folder, step_of, train_and_save
 from propel_core.training.feedback import logged_steps, reward_never_moved
 from propel_core.training.generator_reward import COMPLETIONS, main_probe, reward_scorer
+from propel_core.training.pace import Pace
 from propel_core.training.replay import ReplayBuffer, replaying
 from propel_core.training.trainer import (
     checkpointing_argument,
@@ -87,7 +88,8 @@ def train_generator(services: Services, plan: GeneratorPlan, audit: Audit | None
     if stop and not train_config.use_vllm:
         stopping_at_strings(policy, tokenizer)
     multi_turn = {"rollout_func": EpisodeRollouts(domain, tokenizer, contexts_by_prompt, train_config, seed)}
-    reward_funcs = [scorer]
+    pace = Pace(services)  # torch's threads at each step, and its phases on the progress bar
+    reward_funcs = [pace.scoring(scorer)]
     if train_config.overlong_buffer:
         from trl.rewards import get_soft_overlong_punishment
 
@@ -110,8 +112,9 @@ def train_generator(services: Services, plan: GeneratorPlan, audit: Audit | None
     prompts = generation_batch // train_config.group_size
     log.info("GRPO: %d steps, %d prompts x %d generations each", train_config.steps, prompts, train_config.group_size)
     base = model_source(generator.model, generator.revision)
-    if not _audited_training(services, trainer, folder, base, checkpoint, audit):
-        return
+    with pace.attached(trainer):
+        if not _audited_training(services, trainer, folder, base, checkpoint, audit):
+            return
     if not is_main():  # the main process wrote the reward log and says how training went
         return
     rewards = logged_steps(folder / "reward_log.jsonl")
