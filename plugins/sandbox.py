@@ -104,7 +104,7 @@ class LocalSandbox:
         allow_unisolated: bool = False,
         python_env: str | None = None,
         hide: list[str] | None = None,
-        backstop: float = 10.0,
+        backstop: float = 20.0,
     ):
         if backstop < 2:
             raise PropelError(f"the sandbox's backstop is a multiple of the time limit of at least 2; got {backstop}")

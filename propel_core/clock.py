@@ -2,119 +2,142 @@
 
 A program judged by the wall clock on a busy machine runs out of time for the CPU it waited for,
 not for anything it did: the same correct attempt is solved on a quiet machine and failed beside a
-training. :class:`RunClock` keeps three clocks for one run instead:
+training. :class:`RunClock` keeps the clocks of one run instead, reading its threads every 30 to 70
+ms (the moment drawn afresh each time, so a program cannot time itself to the readings):
 
 - **CPU time**: the seconds of CPU its processes used, children and exited processes included (the
   caller passes its cgroup's accounting; without one, the sum over the threads it was shown);
+- **idle time**: the time during which none of its threads was running or ready to run (sleeping,
+  blocked, stopped): each stretch between two readings at whose end no thread of the run was
+  runnable counts whole;
+- **own time**: CPU time plus idle time, what the run would have taken on a machine of its own;
 - **waited**: the seconds its threads were ready to run but had no CPU (the kernel's per-thread
-  ``schedstat``, sampled every few tens of milliseconds);
-- **own time**: the wall clock less what it waited, i.e. what the run would have taken on a machine
-  of its own; it grows while the run sleeps or blocks, not while it queues for a CPU.
+  ``schedstat``), for the record and for the backstop.
 
-The judgement (:meth:`RunClock.over`): past ``limit`` seconds of CPU time, or ``limit`` seconds of
-own time (a sleeper, a deadlock), the run is out of time (``timeout``), whatever the load; a run still
-going when the wall clock reaches ``backstop`` times the limit had neither, so it spent that time
-queued for a CPU: the machine's doing, a harness failure (``sandbox_error``, reason ``overloaded``),
-never the program's. A program cannot queue without a busy machine: on an idle one its own threads
-run on every core, so its CPU time reaches the limit first.
-
-Where the kernel keeps no ``schedstat`` (built without scheduler statistics) nothing is known to have
-waited, own time is the wall clock and the judgement falls back to CPU time and the wall clock
-(:data:`WAITS_KNOWN` says which).
+The judgement (:meth:`RunClock.over`): past ``limit`` seconds of CPU time or of own time (a sleeper, a
+deadlock, a program that computes and sleeps by turns) the run is out of time, ``timeout``, whatever
+the load. A run still going when the wall clock reaches ``backstop`` times the limit had neither: if
+its threads waited for a CPU most of that time, the machine was too busy to judge it, a harness
+failure (``sandbox_error``, its reason starting :data:`OVERLOADED`), never the program's; otherwise
+(it kept a thread runnable at every reading and yet did not use the CPU it had) it is ``timeout``.
+A program cannot make itself ``overloaded``: on a machine with no other work a runnable thread runs,
+so it waits for no CPU and its CPU time reaches the limit first.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: the reason a harness failure for a busy machine starts with (``propel_core.execution`` reruns it)
+#: the reason a harness failure for a busy machine starts with
 OVERLOADED = "overloaded"
-#: how often the clock reads the threads at most (seconds)
+#: the mean time between two readings of a run's threads (seconds); each is drawn from 0.6x to 1.4x
 SAMPLE_EVERY = 0.05
 
 
-def thread_times(tid: int) -> tuple[float, float] | None:
-    """(seconds on a CPU, seconds waiting for one) of thread ``tid``, or None if it is gone."""
+def thread_state(tid: int) -> tuple[bool, float, float] | None:
+    """(whether it is running or ready to run, seconds on a CPU, seconds waiting for one) of thread
+    ``tid``, or None if it is gone."""
     try:
-        on_cpu, waiting, _ = Path(f"/proc/{tid}/schedstat").read_bytes().split()
+        stat = Path(f"/proc/{tid}/stat").read_bytes()
+        fields = stat[stat.rindex(b")") + 2 :].split()
     except (OSError, ValueError):
         return None
-    return int(on_cpu) / 1e9, int(waiting) / 1e9
+    try:
+        on_cpu, waiting, _ = (int(value) / 1e9 for value in Path(f"/proc/{tid}/schedstat").read_bytes().split())
+    except (OSError, ValueError):  # a kernel without scheduler statistics: user + system time, no wait
+        on_cpu, waiting = (int(fields[11]) + int(fields[12])) / TICKS, 0.0
+    return fields[0] == b"R", on_cpu, waiting
 
 
-WAITS_KNOWN = Path("/proc/self/schedstat").exists()
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
 class RunClock:
     """The clocks of one run, judged against ``limit`` seconds, the wall clock a backstop at
-    ``backstop`` times that. Call :meth:`sample` while it runs and once after it ended."""
+    ``backstop`` times that. Call :meth:`sample` while it runs (when :meth:`due`) and once after it
+    ended, with the run's accounted CPU time and no threads."""
 
     limit: float
-    backstop: float = 10.0
+    backstop: float = 20.0
     started: float = field(default_factory=time.monotonic)
     cpu: float = 0.0
+    idle: float = 0.0
     waited: float = 0.0
     wall: float = 0.0
     _threads: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
     _gone: tuple[float, float] = (0.0, 0.0)
     _base: tuple[float, float] = (0.0, 0.0)
-    _last: float = field(default=0.0, repr=False)
+    _last: float | None = field(default=None, repr=False)
+    _next: float = field(default=0.0, repr=False)
+    _draw: random.Random = field(default_factory=random.Random, repr=False)
 
     def begin(self, tids: Iterable[int]) -> RunClock:
         """Start the clocks now for threads that already ran (a worker serving one request after
         another): what they used and waited before counts for nothing."""
         self.sample(tids)
-        self._base, self.started, self.cpu, self.waited, self.wall = (self.cpu, self.waited), time.monotonic(), 0, 0, 0
+        self._base = (self.cpu + self._base[0], self.waited + self._base[1])
+        self.started, self._last = time.monotonic(), time.monotonic()
+        self.cpu = self.idle = self.waited = self.wall = 0.0
         return self
 
     def due(self) -> bool:
-        """Whether a sample is due (at most one every ``SAMPLE_EVERY`` seconds)."""
-        return time.monotonic() - self._last >= SAMPLE_EVERY
+        """Whether a reading is due."""
+        return time.monotonic() >= self._next
 
     def sample(self, tids: Iterable[int], cpu: float | None = None) -> None:
         """Read the threads ``tids`` the run has now; ``cpu`` is its accounted CPU time, if known. A
-        thread seen before keeps its last reading when it has gone, so what it used and waited counts."""
+        thread seen before keeps its last reading when it has gone, so what it used and waited counts.
+        Given no thread (the run has ended), the stretch since the last reading is not judged idle."""
         now = time.monotonic()
-        self._last, self.wall = now, now - self.started
+        runnable, read = False, False
         for tid in tids:
-            found = thread_times(tid)
+            found = thread_state(tid)
             if found is None:
                 continue
+            read, runnable = True, runnable or found[0]
             before = self._threads.get(tid)
-            if before is not None and found[0] < before[0]:  # the tid was reused: the old thread is done
+            if before is not None and found[1] < before[0]:  # the tid was reused: the old thread is done
                 self._gone = (self._gone[0] + before[0], self._gone[1] + before[1])
-            self._threads[tid] = found
+            self._threads[tid] = found[1:]
+        if read and not runnable:
+            self.idle += now - (self.started if self._last is None else self._last)
+        self._last, self.wall = now, now - self.started
+        self._next = now + SAMPLE_EVERY * self._draw.uniform(0.6, 1.4)
         on_cpu = self._gone[0] + sum(seen[0] for seen in self._threads.values()) - self._base[0]
         self.waited = self._gone[1] + sum(seen[1] for seen in self._threads.values()) - self._base[1]
         self.cpu = max(on_cpu, cpu or 0.0, self.cpu)
 
     @property
     def own(self) -> float:
-        """The wall clock less the time waited for a CPU: how long the run took in its own terms."""
-        return max(0.0, self.wall - self.waited)
+        """CPU time plus idle time: how long the run took in its own terms."""
+        return self.cpu + self.idle
 
     def over(self, ended: bool = False) -> tuple[str, str] | None:
-        """``("timeout", why)`` for a run past its limit in CPU or own time, ``("sandbox_error", why)``
-        for one stopped by the backstop (``why`` starts with :data:`OVERLOADED`), None otherwise.
-        ``ended``: the run has exited, so the backstop no longer applies."""
-        if self.cpu > self.limit:
-            return "timeout", f"CPU time limit: {self.cpu:.1f} s of CPU, the limit is {self.limit:g} s"
-        if self.own > self.limit:
-            return "timeout", (
-                f"time limit: {self.own:.1f} s of its own time ({self.cpu:.1f} s on a CPU, the rest idle, sleeping "
-                f"or blocked; {self.waited:.1f} s waiting for a CPU not counted), the limit is {self.limit:g} s"
+        """``("timeout", why)`` for a run past its limit, ``("sandbox_error", why)`` for one the
+        backstop stopped while it waited for a CPU (``why`` starts with :data:`OVERLOADED`), None
+        otherwise. ``ended``: the run has exited, so the backstop no longer applies. A timeout's
+        ``why`` holds no measured number, so the same run gets the same words every time; the
+        numbers are the caller's to record (:meth:`times`)."""
+        if self.cpu > self.limit or self.own > self.limit:  # the same words either way: a verdict's reason
+            return "timeout", (  # must not depend on which reading saw it first, nor on the readings' numbers
+                f"over its time limit of {self.limit:g} s (CPU time, or CPU and idle time together; time "
+                "spent waiting for a CPU does not count)"
             )
-        if not ended and self.wall > self.backstop * self.limit:
+        if ended or self.wall <= self.backstop * self.limit:
+            return None
+        if self.waited > (self.wall - self.cpu) / 2:
             return "sandbox_error", (
                 f"{OVERLOADED}: the machine was too busy to judge the run: in {self.wall:.0f} s it got "
                 f"{self.cpu:.1f} s of CPU and waited {self.waited:.0f} s for one (limit {self.limit:g} s); "
                 "not the program's doing"
             )
-        return None
+        return "timeout", f"no end within the wall-clock backstop of {self.backstop * self.limit:g} s"
 
     def times(self) -> dict[str, float]:
         """The run's clocks, rounded, for a result's record."""

@@ -25,6 +25,9 @@ Fixtures:
 For domain authors, ``assert_same_verdicts_concurrently(domain, attempts)``: the executor calls a
 domain's grader from many threads at once; this grades the attempts one by one, then all of them
 again from many threads in a shuffled order, and fails naming every attempt whose verdict changed.
+``assert_same_verdicts_under_load(grade, cases)`` grades each case on the machine as it is, then
+again beside ``cpu_hogs()`` (CPU-bound processes, several per core, each in a session of its own, as
+other users' jobs are), and fails naming every case whose verdict moved with the load.
 
 For probe and training experiments, ``planted_countdown_run(folder)``: a run folder of valid
 countdown tasks with labels whose signal is known (in band when the target is above the median).
@@ -186,6 +189,42 @@ def sandbox_folders_left() -> list[str]:
     from propel_plugins.sandbox import CELL_PREFIX
 
     return sorted(path.name for path in Path(tempfile.gettempdir()).glob(f"{CELL_PREFIX}{os.getpid()}-*"))
+
+
+@contextlib.contextmanager
+def cpu_hogs(per_core: int = 8):
+    """``per_core`` CPU-bound processes for each core of the machine, each in a session of its own (so
+    each competes as another user's job does, not as part of this process's session), until the block
+    ends: ``per_core`` times oversubscribed."""
+    import os
+
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(per_core * (os.cpu_count() or 1))
+    ]
+    try:
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def assert_same_verdicts_under_load(grade, cases: dict[str, object], per_core: int = 8) -> dict[str, object]:
+    """Grade every case (name -> what ``grade`` takes) on the machine as it is, then again, all at
+    once from threads of their own, beside :func:`cpu_hogs` (``per_core`` per core); fail naming each
+    case whose verdict differs. ``grade`` returns a comparable verdict (a status, solved and reason).
+    Returns the verdicts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    idle = {name: grade(case) for name, case in cases.items()}
+    with cpu_hogs(per_core), ThreadPoolExecutor(len(cases)) as pool:
+        busy = dict(zip(cases, pool.map(grade, cases.values()), strict=True))
+    moved = [
+        f"{name}: {idle[name]!r} idle, {busy[name]!r} beside the hogs" for name in cases if idle[name] != busy[name]
+    ]
+    assert not moved, "verdicts moved with the machine's load:\n" + "\n".join(moved)
+    return idle
 
 
 def assert_same_verdicts_concurrently(

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from propel_core.errors import PropelError
-from propel_core.testing import MEMORY_PINNERS, sandbox_folders_left, stray_sandbox_processes
+from propel_core.testing import (
+    MEMORY_PINNERS,
+    assert_same_verdicts_under_load,
+    cpu_hogs,
+    sandbox_folders_left,
+    stray_sandbox_processes,
+)
 from propel_plugins.sandbox import STATUSES, LocalSandbox, SandboxUnavailable, plain_json
 
 
@@ -284,3 +290,54 @@ def test_a_folder_chain_of_any_depth_is_cleaned_up(sandbox, tmp_path):
     subprocess.run(["bash", "-c", chain], cwd=unisolated, check=True, capture_output=True)
     remove_tree(unisolated)
     assert not unisolated.exists()
+
+
+BURN = "import os, time\ndef burn(s):\n    t = time.process_time()\n    while time.process_time() - t < s: pass\n"
+#: programs near, under and past a 1 s limit, and the status each must get on any machine
+NEAR_THE_LIMIT = {
+    "computes within its limit": (BURN + "burn(0.6)\n" + RESULT.format(value=1), "ok"),
+    "sleeps, then computes, within its limit": (BURN + "time.sleep(0.3)\nburn(0.3)\n" + RESULT.format(value=1), "ok"),
+    "children compute within its limit": (
+        BURN + "pids = [os.fork() or (burn(0.25), os._exit(0)) for _ in range(2)]\n"
+        "[os.waitpid(p, 0) for p in pids]\n" + RESULT.format(value=1),
+        "ok",
+    ),
+    "an endless loop": ("while True:\n    pass\n", "timeout"),
+    "a sleeper": ("import time\ntime.sleep(1000)\n", "timeout"),
+    "a child it waits for computes past the limit": (
+        BURN + "pid = os.fork() or (burn(1.5), os._exit(0))\nos.waitpid(pid, 0)\n" + RESULT.format(value=1),
+        "timeout",
+    ),
+    "four processes compute past the limit together": (
+        BURN + "pids = [os.fork() or (burn(0.4), os._exit(0)) for _ in range(4)]\n"
+        "[os.waitpid(p, 0) for p in pids]\n" + RESULT.format(value=1),
+        "timeout",
+    ),
+}
+
+
+def test_verdicts_on_time_are_the_same_idle_and_at_8x_oversubscription():
+    """Each program gets its status from the CPU and own time it used, so sixteen CPU hogs beside it
+    on two cores (each in a session of its own) slow it, and change no verdict. The backstop is
+    raised so that the test's own load (another test worker beside it) cannot reach it."""
+    box = LocalSandbox(time_limit=1.0, memory_mb=256, backstop=60)
+    if box.missing_layers():
+        pytest.skip(f"needs: {box.missing_layers()}")
+    verdicts = assert_same_verdicts_under_load(
+        lambda code: run(box, code).status, {name: code for name, (code, _) in NEAR_THE_LIMIT.items()}
+    )
+    assert verdicts == {name: status for name, (_, status) in NEAR_THE_LIMIT.items()}
+
+
+def test_a_run_the_backstop_stops_is_overloaded_not_timed_out():
+    """A run that queues for a CPU until the wall-clock backstop has used little of its limit: it ends
+    sandbox_error (overloaded, with its clocks), never timeout; a sleeper is timeout at its limit."""
+    box = LocalSandbox(time_limit=1.0, memory_mb=256, backstop=2)
+    if box.missing_layers():
+        pytest.skip(f"needs: {box.missing_layers()}")
+    with cpu_hogs(per_core=16):
+        queued = run(box, BURN + "burn(0.9)\n" + RESULT.format(value=1))
+        sleeper = run(box, "import time\ntime.sleep(1000)\n")
+    assert queued.status == "sandbox_error" and queued.detail.startswith("overloaded: the machine was too busy")
+    assert queued.cpu_seconds < 0.9 and queued.wait_seconds > 1 and 2 <= queued.duration < 4, queued
+    assert sleeper.status == "timeout" and "over its time limit" in sleeper.detail and sleeper.duration < 2, sleeper

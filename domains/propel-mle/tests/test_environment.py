@@ -160,15 +160,10 @@ raise SystemExit("nothing found")
 }
 
 
-#: attacks that need more than the domain's 30 s (the search takes 10 s alone, over 30 s on a busy machine)
-SLOW_PEEKS = {"a search of the whole file system": 180.0}
-assert set(SLOW_PEEKS) <= set(PEEKS)
-
-
 @pytest.mark.parametrize("name", PEEKS)
-def test_a_solution_cannot_read_the_held_out_labels(mle, name, monkeypatch):
-    if name in SLOW_PEEKS:
-        monkeypatch.setattr(mle, "time_limit", SLOW_PEEKS[name])
+def test_a_solution_cannot_read_the_held_out_labels(mle, name):
+    # the search of the whole file system takes about 10 s of the domain's 30 s, judged by its CPU and
+    # own time, so a busy machine does not push it past the limit
     verdict = grade(mle, IRIS, PEEKS[name])
     assert verdict.diagnostics["verifier_score"] is None, verdict.reason
     assert verdict.solved is False
@@ -336,3 +331,28 @@ def test_an_overflowing_metric_is_not_solved_and_its_verdict_is_still_a_record(m
     with JsonlWriter(tmp_path / "attempts.jsonl") as out:
         assert out.write(attempt) and out.write(attempt.diagnostics | {"step": 0})
     assert next(iter_jsonl(tmp_path / "attempts.jsonl", SolverAttempt)) == attempt
+
+
+def test_verdicts_are_the_same_idle_and_at_8x_oversubscription(propel_registry):
+    """A right solution, a crash, a malformed submission and a sleeper, graded idle and beside sixteen
+    CPU hogs on two cores: the same verdict, status, markers and score (runs are judged by their CPU
+    and own time, docs/sandbox.md "Time"; the endless loop is the sandbox's own test)."""
+    from propel_core.testing import assert_same_verdicts_under_load
+
+    domain = propel_registry.domain("mle", time_limit=12.0)
+    if not domain.sandbox.isolated:
+        pytest.skip("needs every isolation layer")
+
+    def verdict(code):
+        found = grade(domain, IRIS, code)
+        diagnostics = found.diagnostics
+        return found.solved, diagnostics["status"], diagnostics["markers"], diagnostics["verifier_score"]
+
+    codes = {
+        "right": solution(IRIS),
+        "a crash": "import numpy as np\nraise RuntimeError('gave up')",
+        "malformed": MALFORMED,
+        "a sleeper": "import numpy\nimport time\ntime.sleep(10 ** 6)",
+    }
+    found = assert_same_verdicts_under_load(verdict, codes)
+    assert [found[name][:2] for name in codes] == [(True, "ok"), (False, "error"), (False, "ok"), (False, "timeout")]

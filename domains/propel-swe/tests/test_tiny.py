@@ -104,6 +104,35 @@ def test_a_solver_that_reverts_the_bug_solves_it(tiny_domain):
     assert verdict.solved is True, verdict.reason
 
 
+def test_verdicts_are_the_same_idle_and_at_4x_oversubscription(tiny_domain):
+    """A real bug, a no-op bug, the bug's revert and an attempt that does nothing, judged idle and
+    beside eight CPU hogs on two cores (each in a session of its own): the same verdicts, as the
+    sandbox judges every run by its CPU and own time (docs/sandbox.md, "Time")."""
+    from propel_core.testing import assert_same_verdicts_under_load
+
+    payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": ["tests/test_core.py::test_clamp"]}
+    revert = fenced(
+        "edit", "tinystats/core.py\n<<<<<<< SEARCH\n    if value > low:\n=======\n    if value > high:\n>>>>>>> REPLACE"
+    )
+    attempts = {
+        "the revert": tiny_domain.solver_episode(payload, scripted(revert, fenced("submit"))),
+        "nothing": tiny_domain.solver_episode(payload, scripted(fenced("submit"))),
+    }
+
+    def judge(case):
+        kind, text = case
+        if kind == "bug":
+            validity, _ = verify(tiny_domain, text)
+            return validity.valid, validity.reason
+        verdict = tiny_domain.grade(payload, text)
+        return verdict.solved, verdict.reason
+
+    cases = {"a real bug": ("bug", BUG), "a no-op bug": ("bug", NO_OP_BUG)}
+    cases |= {f"a fix: {name}": ("fix", text) for name, text in attempts.items()}
+    found = assert_same_verdicts_under_load(judge, cases, per_core=4)
+    assert [found[name][0] for name in cases] == [True, False, True, False]
+
+
 def test_a_solver_that_does_nothing_fails(tiny_domain):
     payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": []}
     verdict = tiny_domain.grade(payload, tiny_domain.solver_episode(payload, scripted(fenced("submit"))))
