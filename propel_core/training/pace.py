@@ -1,10 +1,11 @@
-"""How a training keeps pace with the machine it shares, and shows it: :class:`Pace`, a TRL callback
-that chooses torch's threads at every step as the local executor chooses them for its jobs (the
-cores that other processes leave free now; ``chosen_threads``), and puts the step's phase on the
-run's progress bar (``services.progress``): ``step 3/20: generating 41 s (52 s a step, about 15 min
-left)``, then ``scoring`` (the reward), then ``updating`` (the loss's forward and backward passes and
-the optimizer step). A step of GRPO on a CPU takes from seconds to minutes, and the machine's other
-work can make it ten times slower: the bar says which phase runs and for how long."""
+"""How a training keeps pace with the machine it shares, and shows it: :class:`Pace` gives torch, at
+every step, the threads the local executor would give one job then (the cores that other threads
+leave free; ``chosen_threads``), and puts the step's phase on the run's progress bar
+(``services.progress``): ``step 3/20: generating 41 s, 1 thread (52 s a step, about 15 min left)``,
+then ``scoring`` (the reward), then ``updating`` (the loss's forward and backward passes, the
+optimizer step). A GRPO step on a CPU takes seconds to minutes, and more threads than the machine's
+other work leaves free make it many times slower: the bar says which phase runs and for how long.
+The generator's training, solve-train and self-train keep pace this way."""
 
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ REFRESH = 1.0
 
 
 class Pace:
-    """Torch's threads and the progress bar (``description``) of a TRL training: ``scoring(reward)``
-    wraps the reward function, so its call shows as the step's ``scoring`` phase, and
-    ``attached(trainer)`` is the block the trainer trains in, with this pace's callback in place of
-    transformers' own bar."""
+    """Torch's threads and the progress bar (``description``) of a TRL training, each step starting in
+    the ``first`` phase: ``scoring(reward)`` wraps the reward function, so its call shows as the
+    step's ``scoring`` phase, and ``attached(trainer)`` is the block the trainer trains in, with this
+    pace's callback in place of transformers' own bar."""
 
-    def __init__(self, services: Services, description: str = "train"):
-        self.services, self.description = services, description
+    def __init__(self, services: Services, description: str = "train", first: str = "generating"):
+        self.services, self.description, self.first = services, description, first
         self.phase, self.step, self.steps = "", 0, 0
         self.since = self.started = 0.0
         self.durations: list[float] = []
@@ -80,7 +81,7 @@ class Pace:
             finally:
                 self.enter("updating")
 
-        scored.__name__ = reward.__name__  # TRL names the reward's metrics after it
+        scored.__name__ = getattr(reward, "__name__", type(reward).__name__)  # TRL names its metrics after it
         return scored
 
     def begin(self, steps: int, done: int) -> None:
@@ -98,7 +99,8 @@ class Pace:
         self._ticker.start()
 
     def step_begins(self, step: int) -> None:
-        """Step ``step`` (from 1) starts: torch's threads chosen for it, and it is generating."""
+        """Step ``step`` (from 1) starts: torch's threads chosen for it, and its first phase (generating,
+        or for a training that samples nothing, such as SFT, updating)."""
         import torch
 
         from propel_plugins.executors import chosen_threads
@@ -107,7 +109,7 @@ class Pace:
         if self.threads:
             torch.set_num_threads(self.threads)
         self.step, self.started = step, time.monotonic()
-        self.enter("generating")
+        self.enter(self.first)
 
     def step_ends(self) -> None:
         self.durations.append(time.monotonic() - self.started)

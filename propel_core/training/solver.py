@@ -19,6 +19,7 @@ from propel_core.ranks import is_main, process_count
 from propel_core.records import Context, SolverAttempt, Task
 from propel_core.training.checkpoints import keep_steps_before, step_of, train_and_save
 from propel_core.training.feedback import logged_steps, reward_never_moved
+from propel_core.training.pace import Pace
 from propel_core.training.replay import ReplayBuffer, replaying
 from propel_core.training.solver_reward import SolverRewards
 from propel_core.training.trainer import load_policy, lora_config, sampled_prompts, trainer_arguments
@@ -102,15 +103,17 @@ def train_solver(
         trainer_class = replaying(trainer_class, buffer, options.replay.slots)
     if options.zero_variance == "drop":
         trainer_class = dropping_flat_groups(trainer_class, lambda: reward.flat)
+    pace = Pace(services, f"solve-train {options.name}")
     trainer = trainer_class(
         model=model,
-        reward_funcs=reward,
+        reward_funcs=pace.scoring(reward),
         args=arguments,
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=lora_config(plan.lora),
     )
-    train_and_save(trainer, folder, model_source(solver.model, solver.revision), checkpoint)
+    with pace.attached(trainer):
+        train_and_save(trainer, folder, model_source(solver.model, solver.revision), checkpoint)
     if is_main() and (still := reward_never_moved(logged_steps(reward.log_path))) is not None:
         services.say(f"solve_train {options.name}: {still}")
 
@@ -163,7 +166,8 @@ def fine_tune_solver(
         processing_class=tokenizer,
         peft_config=lora_config(plan.lora),
     )
-    train_and_save(trainer, folder, model_source(solver.model, solver.revision))
+    with Pace(services, "self-train", first="updating").attached(trainer):  # SFT: no sampling, no reward
+        train_and_save(trainer, folder, model_source(solver.model, solver.revision))
 
 
 def keep_clean(domain: Domain, attempts: list[SolverAttempt], max_chars: int, funnel: dict[str, int]) -> list[str]:
