@@ -81,12 +81,14 @@ def plugins(as_json: bool) -> None:
 
 def start(ctx: click.Context, config: tuple[str, ...] | list[str], overrides: tuple[str, ...] | list[str] = ()):
     """The run a command works in, built as the core's verbs build theirs: the config files merged with
-    the overrides, the registry from this invocation's plugin manager, ``-q`` honoured, the resolved
-    config saved. Plugin commands (``register_commands``) call it with their click context."""
+    the overrides, the registry from this invocation's plugin manager, ``-q`` honoured, the run folder
+    held until the command ends (another command there is refused), the resolved config saved. Plugin
+    commands (``register_commands``) call it with their click context."""
     from propel_core.plugins import Registry
     from propel_core.run import start_run
 
     run = start_run(list(config), list(overrides), ctx.obj["quiet"], Registry.build(PLUGIN_MANAGER))
+    ctx.call_on_close(run.release)  # a process that runs several commands (tests, CliRunner) lets go of each
     ctx.obj["run_dir"] = run.dir  # named by an error writing a file whose path the OS does not give
     return run
 

@@ -372,7 +372,9 @@ class CheckpointConfig(Section):
     """Checkpoints of the trainings that save them (train, coevolve, solve-train)."""
 
     every: int = Field(10, gt=0, description="optimizer steps between checkpoints")
-    resume: bool = Field(True, description="go on from the last checkpoint in the folder; false: start over")
+    resume: bool = Field(
+        True, description="go on from the last checkpoint in the folder; false: start over, the old folder moved aside"
+    )
 
 
 class EvaluateConfig(Section):

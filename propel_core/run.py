@@ -6,7 +6,8 @@ sees the ``Run``: it takes ``run.services`` (:class:`~propel_core.services.Servi
 plan (``run.plans``, :mod:`propel_core.plans`), every setting of the call in it, derived ones included
 (evaluation's seed and K, co-evolution's reward rule) and checked when the config was read. A caller
 that needs another folder or seed builds its plan with the same builder. Plugin commands build their
-run with :func:`start_run`, as the CLI's verbs do.
+run with :func:`start_run`, as the CLI's verbs do; it holds the run folder for the command
+(:mod:`propel_core.folder_lock`).
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from propel_core.config import ModelConfig, PropelConfig, dump_config, spelled_o
 from propel_core.contracts import ContextSampler, Executor
 from propel_core.domain import Domain
 from propel_core.errors import PropelError
+from propel_core.folder_lock import hold, release
 from propel_core.plans import Plans, load_config, plans_of, sampler_plan
 from propel_core.plugins import Registry
 from propel_core.provenance import claim
-from propel_core.ranks import is_main, join, launch_warning
+from propel_core.ranks import gathered, is_main, join, launch_warning
 from propel_core.records import readable
 from propel_core.services import Services
 from propel_core.tracking import Tracker
@@ -59,6 +61,11 @@ class Run:
     @property
     def dir(self) -> Path:
         return self.config.run_dir
+
+    def release(self) -> None:
+        """Let go of the run folder, which :func:`start_run` took for this process: the CLI does at the
+        end of each command; a script may, to let a command work there while it goes on."""
+        release(self.dir)
 
     def input(self, name: str, made_by: str) -> Path:
         """A file an earlier stage writes into the run folder; missing, it names the stage to run."""
@@ -260,14 +267,29 @@ def start_run(
     configs: list[str | Path], overrides: list[str] = (), quiet: bool = False, registry: Registry | None = None
 ) -> Run:
     """The run a command works in: ``configs`` merged with ``key=value`` ``overrides``, validated
-    against the installed plugins, its folder made and its resolved config saved there. The CLI's
-    verbs and plugin commands (``propel swe preflight``) start this way. Under ``accelerate launch``
-    the process joins the launch's group first (:mod:`propel_core.ranks`)."""
+    against the installed plugins, its folder made and held (one command at a time: another one there
+    is refused in one line naming it, before anything is written or loaded) and its resolved config
+    saved there. The CLI's verbs and plugin commands (``propel swe preflight``) start this way. Under
+    ``accelerate launch`` the process joins the launch's group first (:mod:`propel_core.ranks`)."""
     join()
     if (warning := launch_warning()) is not None:
         log.warning("%s", warning)
     registry = registry or Registry.build()
     run = Run(load_config([str(path) for path in configs], list(overrides), registry), registry, quiet=quiet)
+    hold_folder(run.dir)
     run.tracker  # noqa: B018  (a tracker that is not installed stops the command now, not after its work)
     run.save_config()
     return run
+
+
+def hold_folder(run_dir: Path) -> None:
+    """Hold ``run_dir`` for this command (:func:`propel_core.folder_lock.hold`). The processes of a
+    launch are one command: the main one holds it for all, and all of them refuse what it refuses."""
+    refusal = None
+    if is_main():
+        try:
+            hold(run_dir)
+        except PropelError as exc:
+            refusal = str(exc)
+    if (refusal := gathered(refusal)[0]) is not None:
+        raise PropelError(refusal)

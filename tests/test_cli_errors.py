@@ -132,9 +132,9 @@ def test_full_disk_during_generate_keeps_records_and_resumes(propel_cli, tmp_pat
     config = arithmetic_config(tmp_path, disk / "run")
     tasks_file = disk / "run" / "tasks.jsonl"
     # pages left for config.yaml (the resolved config, whose size depends on the run folder's path),
-    # settings.json (under a page) and the first page of tasks
+    # .propel.lock (who holds the folder) and settings.json (under a page each) and the first page of tasks
     resolved = propel_cli("config", str(config), "generate.num_tasks=16").stdout.encode()
-    pages = -(-len(resolved) // 4096) + 2
+    pages = -(-len(resolved) // 4096) + 3
     filler.write_bytes(b"\0" * (256 * 1024 - pages * 4096))
     result = propel_cli("-q", "generate", str(config), "generate.num_tasks=16", check=False)
     assert_one_line_error(result, f"{tasks_file}: no space left on the device", "rerun the command to go on")

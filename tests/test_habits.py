@@ -88,7 +88,7 @@ def test_label_metrics_reach_wandb_and_trackio(tmp_path, propel_cli, monkeypatch
     the run folder) and trackio (its local SQLite store in TRACKIO_DIR), each read back."""
     import sqlite3
 
-    labeled_run(tmp_path)
+    labeled_run(tmp_path).release()  # this process lets go of the folder, for the command it starts there
     for variable, folder in [
         ("TRACKIO_DIR", "trackio"),
         ("WANDB_CONFIG_DIR", "wandb-config"),
@@ -324,6 +324,27 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def ended(pids: list[int], timeout: float = 60) -> None:
+    """Wait until each of ``pids`` has ended: gone, or a zombie whose threads have all exited (the
+    last one closes the process's files; the first to go leaves a zombie leader behind)."""
+    import time
+
+    def done(pid: int) -> bool:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+            states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks]
+        except (OSError, IndexError):  # gone
+            return True
+        return all(state in ("Z", "X") for state in states)
+
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while not done(pid):
+            if time.monotonic() > deadline:
+                pytest.fail(f"process {pid} did not end {timeout} s after SIGKILL")
+            time.sleep(0.05)
+
+
 @pytest.mark.slow
 def test_a_training_on_two_processes_writes_each_step_once_and_resumes_after_kill_9(tmp_path):
     """`propel train` under `accelerate launch` of two processes (DDP over gloo), killed with SIGKILL
@@ -340,6 +361,7 @@ def test_a_training_on_two_processes_writes_each_step_once_and_resumes_after_kil
 
     from safetensors.torch import load_file
 
+    from propel_core.folder_lock import release
     from propel_core.stages import run_stage
 
     (tmp_path / "run.yaml").write_text(
@@ -356,9 +378,11 @@ def test_a_training_on_two_processes_writes_each_step_once_and_resumes_after_kil
         time.sleep(0.05)
     assert process.poll() is None, "training ended before its first checkpoint"
     time.sleep(0.5)  # let the checkpoint's last files land
-    for pid in [process.pid, *descendants(process.pid)]:  # the launcher and both processes, as a lost node
+    killed = [process.pid, *descendants(process.pid)]
+    for pid in killed:  # the launcher and both processes, as a lost node
         os.kill(pid, signal.SIGKILL)
     process.wait()
+    ended(killed)  # the workers' files, the folder's lock among them, close as they end, a moment later
     assert not (tmp_path / "train" / "adapter").exists()
 
     for override, refusal in [
@@ -369,6 +393,7 @@ def test_a_training_on_two_processes_writes_each_step_once_and_resumes_after_kil
         with pytest.raises(PropelError) as refused:
             run_stage(start_run([tmp_path / "run.yaml"], [override], quiet=True), "train")
         assert refusal in str(refused.value)
+    release(tmp_path)  # this process took the folder the killed launch had held: the launch below needs it
 
     resumed = subprocess.run(train, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -425,7 +450,7 @@ def test_a_stages_own_settings_replace_what_its_inputs_recorded(tmp_path):
     claim(tmp_path, "train", other.model_dump(mode="json"), True, False, ("reward.options.soft",))
 
 
-def test_a_bundle_is_known_by_its_content_and_starting_over_clears_the_folder(tmp_path):
+def test_a_bundle_is_known_by_its_content_and_starting_over_moves_the_folder_aside(tmp_path):
     from propel_core.provenance import folder_digest
     from propel_core.training.checkpoints import prepare_folder
 
@@ -447,8 +472,14 @@ def test_a_bundle_is_known_by_its_content_and_starting_over_clears_the_folder(tm
     (folder / "adapter").mkdir(parents=True)
     for name in ("log.jsonl", "reward_log.jsonl", "completions.jsonl"):
         (folder / name).write_text("{}\n")
-    assert prepare_folder(folder, resume=True) is None  # no checkpoint: a new training, whose files go
+    with pytest.raises(PropelError, match=r"holds a training .* but no checkpoint to resume from"):
+        prepare_folder(folder, True, print)  # no checkpoint: nothing to go on from, nothing moved
+    said = []
+    assert prepare_folder(folder, False, said.append) is None  # starting over: the old training is kept aside
     assert sorted(p.name for p in folder.iterdir()) == []
+    (aside,) = tmp_path.glob("train.old-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["adapter", "completions.jsonl", "log.jsonl", "reward_log.jsonl"]
+    assert said == [f"starting {folder} over: the training it held is kept in {aside}"]
 
 
 def test_a_refusals_file_of_another_shape_is_read_as_none(tmp_path):

@@ -45,7 +45,7 @@ def coevolve(run: Run) -> None:
     plan = plan.with_probes(extra)
     reward = plan.reward
     log.info("retraining with the %s rule: %s + %s", reward.rule, selected, ", ".join(map(str, extra)))
-    prepare_folder(plan.folder, resume=False)  # retrained whole: the old adapter goes first
+    prepare_folder(plan.folder, False, run.say)  # retrained whole: the old training is moved aside first
     keys, values = reward_reads(run.services, reward)
     values |= {"reward.rule": reward.rule, "reward.probes": reward.probes}
     run.claim("coevolve", False, (*keys, "coevolve"), values)  # recorded: the reward it trains with

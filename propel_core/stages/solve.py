@@ -73,7 +73,7 @@ def solve_train(run: Run) -> None:
     exists = goes_on(folder, plan.resume)
     rule_keys = ("reward.r_bad", f"reward.options.{options.reward_rule}") if options.reward_rule else ()
     run.claim(f"solve/{options.name}", exists, rule_keys, {"reward.r_bad": plan.reward.r_bad} if rule_keys else None)
-    checkpoint = prepare_folder(folder, plan.resume)  # after the claim: a refusal removes nothing
+    checkpoint = prepare_folder(folder, plan.resume, run.say)  # after the claim: a refusal moves nothing
     tasks = training_tasks(run, task_file(run, options.tasks), options.in_band_only)
     held_out, tasks = split_held_out(task_file(run, options.held_out), tasks, options.held_out_tasks)
     log.info("solver training on %d tasks, evaluation on %d held-out tasks", len(tasks), len(held_out))

@@ -1,13 +1,21 @@
 """Checkpoints and resume: where a training goes on from, what a resumed run keeps of its logs, and the
-adapter it saves at the end."""
+adapter it saves at the end.
+
+A training folder that holds a training's records goes on from its last checkpoint, or is refused when
+it has none to go on from; starting over is asked for (``checkpoint.resume: false``) and moves the old
+folder aside whole (``FOLDER.old-TIME``), never deletes it."""
 
 from __future__ import annotations
 
 import json
 import logging
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+from propel_core.errors import PropelError
+from propel_core.provenance import holds_records
 from propel_core.ranks import is_main, together
 from propel_core.records import keep_entries
 from propel_core.training.generator_reward import COMPLETIONS
@@ -30,26 +38,67 @@ def step_of(checkpoint: Path | None) -> int:
     return int(checkpoint.name.split("-")[-1]) if checkpoint is not None else 0
 
 
+#: a training's logs (one left empty by a failed start holds no record) and its folders besides checkpoints
+LOGS = ("log.jsonl", "reward_log.jsonl", COMPLETIONS, "rollouts.jsonl", "audit.jsonl")
+FOLDERS = ("adapter", "audit", "best_audited")
+
+
+def training_records(folder: Path) -> list[Path]:
+    """What ``folder`` holds of a training: its checkpoints (whole or not), adapter, audits and logs."""
+    folder = Path(folder)
+    found = [*folder.glob("checkpoint-*"), *(folder / name for name in FOLDERS if (folder / name).exists())]
+    return sorted(found + [folder / name for name in LOGS if holds_records(folder / name)])
+
+
 def goes_on(folder: Path, resume: bool) -> bool:
     """Whether a training into ``folder`` adds to what is there (for ``Run.claim``): resuming, and the
-    folder holds a checkpoint or a finished adapter (its checkpoints removed to free the disk)."""
-    return resume and (last_checkpoint(folder) is not None or (folder / "adapter").exists())
+    folder holds a training's records, a checkpoint or not (a changed setting is refused from the first
+    logged step)."""
+    return resume and bool(training_records(folder))
 
 
-def prepare_folder(folder: Path, resume: bool) -> Path | None:
-    """The checkpoint a training run goes on from (``resume`` and the folder has one); starting over,
-    the old checkpoints, adapter and logs are removed first, so no later resume picks up a checkpoint of
-    another run and nothing reads an old adapter as the new training's while it runs (or after it
-    failed). Under a launch the main process removes them while the others wait."""
-    folder.mkdir(parents=True, exist_ok=True)
-    checkpoint = last_checkpoint(folder) if resume else None
+def resume_point(folder: Path, resume: bool) -> Path | None:
+    """The checkpoint a training into ``folder`` goes on from: resuming, its last one; None to start
+    afresh. Resuming a folder that holds a training's records with no checkpoint saved whole (stopped
+    before its first, or its checkpoints removed) is refused in one line: a plain rerun never starts
+    over on top of records, ``checkpoint.resume=false`` does (:func:`prepare_folder`)."""
+    if not resume:
+        return None
+    checkpoint = last_checkpoint(folder)
+    if checkpoint is None and (found := training_records(folder)):
+        held = ", ".join(path.name for path in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise PropelError(
+            f"{folder} holds a training ({held}) but no checkpoint to resume from: pass checkpoint.resume=false to "
+            f"start over (its folder is moved aside to {folder.name}.old-TIME, not deleted), or use a new run_dir"
+        )
+    return checkpoint
+
+
+def prepare_folder(folder: Path, resume: bool, say: Callable[[str], None] = log.warning) -> Path | None:
+    """The checkpoint a training run goes on from (:func:`resume_point`); starting over, a folder that
+    holds a training's records is moved aside whole first (:func:`moved_aside`, said with ``say``: a
+    stage passes its ``say``, and calls it before any model loads), so no later resume picks up a
+    checkpoint of another run, nothing reads an old adapter as the new training's while it runs (or
+    after it failed), and nothing is lost. Called again, it finds the folder as it left it. Under a
+    launch the main process moves it while the others wait."""
+    checkpoint = resume_point(folder, resume)
     if checkpoint is None and is_main():
-        for old in [*folder.glob("checkpoint-*"), folder / "adapter", folder / "audit", folder / "best_audited"]:
-            shutil.rmtree(old, ignore_errors=True)
-        for log_path in ("log.jsonl", "reward_log.jsonl", COMPLETIONS, "rollouts.jsonl", "audit.jsonl"):
-            (folder / log_path).unlink(missing_ok=True)
+        if training_records(folder):
+            say(f"starting {folder} over: the training it held is kept in {moved_aside(folder)}")
+        folder.mkdir(parents=True, exist_ok=True)
     together()
     return checkpoint
+
+
+def moved_aside(folder: Path) -> Path:
+    """Rename ``folder`` to a sibling ``FOLDER.old-YYYYMMDD-HHMMSS`` (UTC; ``-2``, ``-3``, ... after it
+    when taken) and return where it went."""
+    stamp = f"{folder.name}.old-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    aside, n = folder.with_name(stamp), 2
+    while aside.exists():
+        aside, n = folder.with_name(f"{stamp}-{n}"), n + 1
+    folder.rename(aside)
+    return aside
 
 
 def keep_steps_before(log_path: Path, step: int) -> None:
