@@ -3,9 +3,10 @@
 Both test runners install it (``install``) as an audit hook (PEP 578) before any code of the
 repository is imported; a hook cannot be removed once added. The runner tells it which lines of the
 checkout the change (a bug, or a bug and a fix) added or rewrote. Whenever the interpreter is about to
-do something sensitive, the hook looks at the call stack, and if a frame runs a code object that
-holds such a line (a function, a class body or a module's top level the change wrote into) the
-operation raises ``Refused`` instead. The repository's own code, its tests, pytest, unittest and the
+do something sensitive, the hook looks at the call stack, and if a frame runs a function or class
+body that holds such a line, or a module's top level at such a line (the line it runs now, so the
+module's own imports are not the change's because it rewrote another of its lines), the operation
+raises ``Refused`` instead. The repository's own code, its tests, pytest, unittest and the
 standard library keep every capability they had: the guard judges who is asking, not what is asked,
 so a change that never asks passes unchanged whatever it looks like, and a repository whose own code
 takes frames (six's ``exec_``) runs as it always did. Denied to the change's code:
@@ -243,6 +244,18 @@ def install(root: str, written: dict[str, list[int]]):
             found = by_change[code] = bool(mine) and any(line in mine for _, _, line in code.co_lines())
         return found
 
+    def running_changed(frame) -> bool:
+        """Whether ``frame`` runs code the change wrote. A module's top level is judged by the line it
+        runs now, not as a whole: a change that rewrites one of its lines does not make the module's
+        own imports (``ctypes``, say) the change's; a function or class body holding a written line
+        is the change's wherever it runs."""
+        code = frame.f_code
+        if code.co_name != "<module>" or code.co_filename in compiled:
+            return changed(code)
+        relative = checkout_path(code.co_filename)
+        mine = lines.get(relative) if relative is not None else None
+        return bool(mine) and frame.f_lineno in mine
+
     def code_under_test_asks() -> bool:
         """Whether a frame running code the change wrote is on this thread's stack; or this thread
         is the change's (it started it), or was started where the guard could not see (its first
@@ -254,7 +267,7 @@ def install(root: str, written: dict[str, list[int]]):
             return True
         frame, first = getframe(1), None
         while frame is not None:
-            if changed(frame.f_code):
+            if running_changed(frame):
                 return True
             frame, first = frame.f_back, frame
         return me != owner and (first is None or first.f_code is not started)
@@ -310,14 +323,14 @@ def install(root: str, written: dict[str, list[int]]):
                 return None if read_on_behalf(caller, frame_readers) else f"read {name}"
             code = getattr(args[0], name, None) if type(args[0]) is function and name == "__code__" else None
             test = code is not None and (relative := checkout_path(code.co_filename)) and is_test(relative)
-            if test and changed(caller.f_code):  # itself: inspect.signature of a test's function may
+            if test and running_changed(caller):  # itself: inspect.signature of a test's function may
                 return "read the code of a test"
         setting = event in ("object.__setattr__", "object.__delattr__") and name in ("__class__", "__bases__")
         if setting and foreign(args[0]) and code_under_test_asks():  # through the standard library too
             return f"change {name} of what the repository did not define"
         if event == "import" and type(args[0]) is str and args[0] in denied_modules:
             source = importer(caller)
-            return f"import {args[0]}" if source is not None and changed(source.f_code) else None
+            return f"import {args[0]}" if source is not None and running_changed(source) else None
         if event == "open" and protected_file(args[0]):
             return "open the tests' files, /proc or raw memory"
         return None
@@ -329,7 +342,7 @@ def install(root: str, written: dict[str, list[int]]):
             return  # most events (exec, os.listdir ...) cost this one look-up
         if thread_id() in busy:  # the guard's own frame walk raises events too
             return
-        if event == "compile" and type(args[1]) is str and asking(lambda: changed(getframe(3).f_code)):
+        if event == "compile" and type(args[1]) is str and asking(lambda: running_changed(getframe(3))):
             compiled.add(args[1])  # what it compiles itself is its own code, whatever name it gives the file
             return
         swapped = event == "object.__setattr__" and type(args[1]) is str and args[1] == "__code__"
@@ -338,7 +351,7 @@ def install(root: str, written: dict[str, list[int]]):
         if given and asking(lambda: not changed(args[0].__code__) and code_under_test_asks()):
             refuse("give its code to a function it did not write")
         made_code = swapped or event in ("marshal.loads", "code.__new__")
-        if made_code and asking(lambda: changed(getframe(3).f_code)):
+        if made_code and asking(lambda: running_changed(getframe(3))):
             refuse("make or swap code objects")  # itself: the standard library may (types.coroutine, importing)
         what = asking(lambda: sensitive(event, args, getframe(3)))
         if what is not None and asking(code_under_test_asks):

@@ -65,6 +65,8 @@ def main() -> None:
     try:
         if any(_needs_pytest(root, test) for test in tests):
             import pytest  # noqa: F401  (before the repository's code, so the snapshot holds it)
+
+            _import_environment_plugins()
         guard = importlib.import_module(orders["guard"])
         intact = guard.watch(WATCHED)
         TIME.limits, TIME.out = orders.get("time_limits") or {}, guard.OutOfTime
@@ -81,6 +83,21 @@ def main() -> None:
     data = (nonce + " " + join(" ", outcomes) + "\n").encode()
     while data:
         data = data[write(fd, data) :]
+
+
+def _import_environment_plugins() -> None:
+    """Import the test environment's pytest plugins (entry points of group ``pytest11``, unless the
+    environment turns their loading off) before the snapshot, as pytest's start imports them before
+    the first runner's report plugin takes its own: what they change in pytest as they load
+    (hypothesis's plugin wraps the fixture marker) is then the environment's under both runners, not
+    the change's. A plugin that fails to import is left to pytest, which will say so."""
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group="pytest11"):
+        with contextlib.suppress(Exception):
+            importlib.import_module(entry.module)
 
 
 def run(root: Path, tests: list[str]) -> list[str]:

@@ -248,3 +248,49 @@ def test_the_guard_refuses_the_change_what_it_leaves_the_repository(tmp_path):
     assert found["watch"] == ["json.encoder.JSONEncoder.encode"]
     assert found["guard module importable by name"] is False
     assert found["asks, from the runner"] is False
+
+
+#: a module of the repository that loads a C library at its top, as many real packages do
+WITH_CTYPES = """\
+import ctypes
+import re
+
+PATTERN = re.compile("a+")
+LIBC = ctypes.CDLL(None)
+
+
+def count(text):
+    return len(PATTERN.findall(text)) + (LIBC is not None)
+"""
+IMPORT_IT = """
+import importlib, sys
+sys.path[:0] = [{root!r}, {guard_dir!r}]
+guard = importlib.import_module("guard")
+guard.install({root!r}, {{"pkg/lib.py": {written!r}}})
+try:
+    import pkg.lib
+    print("imported", pkg.lib.count("aa a"))
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def import_under_the_guard(tmp_path: Path, written: list[int]) -> str:
+    root = tmp_path / "checkout"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "lib.py").write_text(WITH_CTYPES)
+    script = IMPORT_IT.format(root=str(root), guard_dir=str(Path(guard.__file__).parent), written=written)
+    (tmp_path / "probe.py").write_text(script)
+    done = subprocess.run([sys.executable, str(tmp_path / "probe.py")], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_a_change_to_one_line_of_a_module_does_not_make_its_own_imports_the_changes(tmp_path):
+    """A module's top level is judged by the line it runs: rewriting its ``re.compile`` line leaves
+    the module's own ``import ctypes`` and ``ctypes.CDLL`` the repository's; a written ``import
+    ctypes`` line, or a written line that loads a library, is still the change's and refused."""
+    assert import_under_the_guard(tmp_path / "a", [4]) == "imported 3"
+    assert import_under_the_guard(tmp_path / "b", [1]).startswith("Refused the code under test may not import ctypes")
+    assert import_under_the_guard(tmp_path / "c", [5]).startswith("Refused the code under test may not ctypes.dlopen")
