@@ -138,14 +138,16 @@ def run_directly(root: Path, test: str) -> str:
         owner = None
     if isinstance(owner, type) and issubclass(owner, CASE):
         result = RESULT()
-        SUITE_RUN(SUITE([owner(function.__name__)]), result)  # class and module fixtures included
+        # by the name the test is reached by, not its function's own: a generated test (a metaclass
+        # or a loop that sets lambdas) has a function named ``<lambda>``
+        SUITE_RUN(SUITE([owner(name)]), result)  # class and module fixtures included
         if result.errors or result.failures or result.unexpectedSuccesses:
             return "failed"
         return "skipped" if result.skipped else "passed"
     if _takes_fixtures(function, owner):
         return run_under_pytest(root, [test])[test]
     instance = owner() if owner is not None else None
-    call = getattr(instance, function.__name__) if instance is not None else function
+    call = getattr(instance, name) if instance is not None else function
     return _call(module, instance, call)
 
 

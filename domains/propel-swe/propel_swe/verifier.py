@@ -399,7 +399,8 @@ def grade_fix(
 ) -> tuple[bool | None, str | None, dict[str, Any]]:
     """(solved, reason, diagnostics): solved iff, on a clean checkout with the bug and then the fix
     applied, every test that passed in the baseline passes again, and the bug's failing tests
-    (``failing_tests``) pass under the second runner too, all in one process of its own. The fix is held to the bug's
+    (``failing_tests``) that verification ran again alone (the first ``RECHECKS``) pass under the
+    second runner too, each alone in a process of its own, as verification judged them. The fix is held to the bug's
     rules: it must apply, change something, only modify source files the suite imports, pass the
     static screen (``sources``: the clean checkout's code), and the run must leave tests, their
     configuration and code untouched and report untampered within the budget the bug alone ran in;
@@ -454,11 +455,11 @@ def grade_fix(
                 f"{len(broken)} baseline-passing tests do not pass (failed, missing or skipped){why}",
                 diagnostics,
             )
-        rechecked = list(failing_tests or [])
-        judged = replay.judged if replay is not None else 0
+        rechecked = list(failing_tests or [])[:RECHECKS]  # as verification judged them: the same tests,
+        judged = replay.judged if replay is not None else 0  # each alone in a process of its own
         diagnostics["judged_by"] = {"suite": len(passed_before), "second_runner": rechecked, "replayed": judged}
-        for test, second in (second_run(ws, repo, rechecked, budget, guarding=guarding) if rechecked else {}).items():
-            if second != "passed":
+        for test in rechecked:
+            if (second := second_run(ws, repo, [test], budget, guarding=guarding)[test]) != "passed":
                 reason = f"{test} does not pass under the second runner ({second}); the runners disagree"
                 return False, reason, diagnostics
     if judged:

@@ -1,5 +1,6 @@
-"""Ordinary test tooling in a repository's environment: hypothesis's pytest plugin (loaded by its
-entry point, it wraps pytest's fixture marker as it loads) leaves every verdict as it is without it."""
+"""Ordinary test tooling: hypothesis's pytest plugin in a repository's environment (loaded by its entry
+point, it wraps pytest's fixture marker as it loads) and a unittest suite whose tests a metaclass
+generates leave every verdict as it would be without them."""
 
 import shutil
 from pathlib import Path
@@ -53,3 +54,55 @@ def test_a_bug_is_valid_and_its_revert_solves_it_with_hypothesis_in_the_environm
     assert fixed.solved is True, fixed.reason
     nothing = domain.grade(payload, domain.solver_episode(payload, scripted(fenced("submit"))))
     assert nothing.solved is False
+
+
+GENERATED = """\
+import unittest
+
+from gen.core import double, half
+
+
+class Generated(type):
+    def __new__(mcs, name, bases, namespace):
+        for i in range(4):
+            namespace[f"test_double_{i}"] = lambda self, i=i: self.assertEqual(double(i), 2 * i)
+        return super().__new__(mcs, name, bases, namespace)
+
+
+class TestDouble(unittest.TestCase, metaclass=Generated):
+    def test_half(self):
+        self.assertEqual(half(4), 2)
+"""
+DOUBLING_BUG = "".join(  # a diff's blank context lines are a single space
+    line + "\n"
+    for line in (
+        "--- a/gen/core.py", "+++ b/gen/core.py", "@@ -1,5 +1,5 @@", " def double(x):", "-    return 2 * x",
+        "+    return 2 * x + 1", " ", " ", " def half(x):",
+    )
+)  # fmt: skip
+
+
+def test_a_bug_in_generated_unittest_tests_is_valid_and_its_revert_solves_it(test_env, tmp_path):
+    """Tests a metaclass sets as lambdas are reached by their node id's name (their functions are all
+    named ``<lambda>``): the second runner runs each (before, each was an error and the bug refused),
+    and grading runs the first three failing tests alone under it, as verification did."""
+    repo = tmp_path / "gen"
+    (repo / "gen").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "gen" / "__init__.py").write_text("")
+    (repo / "gen" / "core.py").write_text("def double(x):\n    return 2 * x\n\n\ndef half(x):\n    return x / 2\n")
+    (repo / "tests" / "__init__.py").write_text("")
+    (repo / "tests" / "test_gen.py").write_text(GENERATED)
+    (tmp_path / "domain").mkdir()
+    domain = local_domain("gen", git_checkout(repo), test_env, tmp_path / "domain")
+    payload = {"repo": "gen", "diff": DOUBLING_BUG, "turns": ["x"]}
+    validity = domain.verify(payload)
+    assert validity.valid, validity.reason
+    assert payload["failing_tests"] == [f"tests/test_gen.py::TestDouble::test_double_{i}" for i in range(4)]
+    payload["turns"] = []
+    revert = fenced(
+        "edit", "gen/core.py\n<<<<<<< SEARCH\n    return 2 * x + 1\n=======\n    return 2 * x\n>>>>>>> REPLACE"
+    )
+    fixed = domain.grade(payload, domain.solver_episode(payload, scripted(revert, fenced("submit"))))
+    assert fixed.solved is True, fixed.reason
+    assert fixed.diagnostics["judged_by"]["second_runner"] == payload["failing_tests"][:3]
