@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from propel_core import PropelError
 
@@ -30,24 +35,45 @@ def git_checkout(folder: Path) -> Path:
 
 def sdist_checkout(requirement: str, downloads: Path, into: Path) -> Path:
     """Download ``requirement``'s source distribution (once, into ``downloads``), unpack it under
-    ``into`` and commit it: a clean checkout of the released source with its own tests."""
+    ``into`` and commit it: a clean checkout of the released source with its own tests.
+    ``requirement`` names the project as a user writes it (``More-Itertools==10.5.0``,
+    ``more_itertools``); the archive is found by the normalized name (``sdist_archives``)."""
     downloads.mkdir(parents=True, exist_ok=True)
-    name, _, version = requirement.partition("==")
-    pattern = f"{name}-{version or '*'}.tar.gz"
+    try:
+        wanted = Requirement(requirement)
+    except InvalidRequirement as exc:
+        raise PropelError(f"{requirement!r} is not a requirement (name==version): {exc}") from None
     command = [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps", "-d", str(downloads)]
-    if not sorted(downloads.glob(pattern)):
+    if not sdist_archives(downloads, wanted):
         with exclusive(downloads / ".lock"):  # another process may be fetching it: wait, then look again
-            if not sorted(downloads.glob(pattern)):
+            if not sdist_archives(downloads, wanted):
                 done = subprocess.run([*command, requirement], capture_output=True, text=True)
                 if done.returncode != 0:
                     raise PropelError(f"cannot download the sdist of {requirement}: {done.stderr.strip()[-300:]}")
-    archives = sorted(downloads.glob(pattern))
+    archives = sdist_archives(downloads, wanted)
     if not archives:
         raise PropelError(f"{requirement} has no .tar.gz source distribution")
     with tarfile.open(archives[-1]) as archive:
         top = archive.getnames()[0].split("/")[0]
         archive.extractall(into, filter="data")
     return git_checkout(into / top)
+
+
+def sdist_archives(downloads: Path, wanted: Requirement) -> list[Path]:
+    """The ``.tar.gz`` source distributions in ``downloads`` of the project ``wanted`` names, at a
+    version it allows, oldest first. An archive is ``{name}-{version}.tar.gz`` where the name is the
+    project's under any spelling PEP 503 counts as the same (PEP 625's ``more_itertools``, the older
+    ``more-itertools``, ``Django``)."""
+    project, found = canonicalize_name(wanted.name), []
+    for archive in downloads.glob("*.tar.gz"):
+        name, _, version = archive.name.removesuffix(".tar.gz").rpartition("-")
+        try:
+            parsed = Version(version)
+        except InvalidVersion:
+            continue
+        if name and canonicalize_name(name) == project and wanted.specifier.contains(parsed, prereleases=True):
+            found.append((parsed, archive))
+    return [archive for _, archive in sorted(found)]
 
 
 @contextlib.contextmanager
@@ -87,3 +113,19 @@ def python_environment(folder: Path, packages: list[str]) -> Path:
             raise PropelError(f"cannot install {' '.join(packages)} into {folder}: {done.stderr.strip()[-300:]}")
         ready.write_text(wanted)
     return folder
+
+
+def environment_identity(folder: Path) -> str:
+    """What names the Python environment at ``folder`` for the preflight cache: its resolved path,
+    its ``pyvenv.cfg`` (the interpreter it was made from) and everything installed in its
+    site-packages (each distribution's ``.dist-info`` names its version), hashed. Installing,
+    upgrading or removing a package, or rebuilding the environment on another interpreter, changes it."""
+    folder = folder.expanduser().resolve()
+    digest = hashlib.sha256(str(folder).encode())
+    with contextlib.suppress(OSError):
+        digest.update((folder / "pyvenv.cfg").read_bytes())
+    for site in sorted(folder.glob("lib*/python*/site-packages")):
+        digest.update(f"\0{site.relative_to(folder)}".encode())
+        for entry in sorted(entry.name for entry in site.iterdir() if entry.name != "__pycache__"):
+            digest.update(f"\0{entry}".encode())
+    return f"{folder}#{digest.hexdigest()[:16]}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -37,6 +38,7 @@ from propel_core import (
     job_seed,
 )
 from propel_swe import agent
+from propel_swe.checkout import environment_identity
 from propel_swe.procedural import Mutants, source_files
 from propel_swe.replay import Replay
 from propel_swe.repos import RepoSpec, load_registry
@@ -52,6 +54,12 @@ from propel_swe.verifier import (
 )
 
 GENERATORS = ("agent", "procedural")
+#: the preflight statuses that are the suite's own result, and so are cached: it ran and reported
+#: (``ok``, or ``tampered`` where the clean suite wrote what our report cannot read), or it ran past a
+#: limit the sandbox gave it; never ``sandbox_error`` (the harness failed), ``no_report`` (the suite
+#: never started, or ended before its report: a missing interpreter or pytest, a wrong command) or a
+#: run the sandbox could not finish (``crashed``, ``no_result``)
+SUITE_RESULTS = ("ok", "tampered", "timeout", "oom", "output_limit", "disk_limit")
 NO_MUTANT_LEFT = "no_mutant_left"  # the stop reason of a procedural episode past the last distinct mutant
 RESET_HISTORY = (
     "rm -rf .git && git init -q && git add -A && "
@@ -87,7 +95,7 @@ class SWE(Domain):
         self.repos = {repo.name: repo for repo in load_registry(registry).select(split)}
         if not self.repos:
             raise PropelError(f"no repositories in {registry}" + (f" split {split!r}" if split else ""))
-        self.sandbox_name, self.sandbox_options = sandbox, dict(sandbox_options or {})
+        self.sandbox_name, self.sandbox_options = sandbox, absolute_paths(dict(sandbox_options or {}))
         self.generator = generator
         self.max_turns, self.solver_max_turns = max_turns, solver_max_turns
         self.episode_budget, self.solver_budget = episode_budget, solver_budget
@@ -96,7 +104,9 @@ class SWE(Domain):
         if not 0 <= hidden_failing_tests < 1:
             raise PropelError(f"hidden_failing_tests is a share in [0, 1), not {hidden_failing_tests!r}")
         self.hidden_failing_tests = hidden_failing_tests
-        self.preflight_dir = Path(preflight_dir) if preflight_dir else cache_dir() / "swe" / "preflight"
+        self.preflight_dir = (
+            Path(preflight_dir).expanduser().resolve() if preflight_dir else cache_dir() / "swe" / "preflight"
+        )
         self._baselines: dict[str, Baseline] = {}
         self._sources: dict[str, dict[str, str]] = {}
         self._mutants: dict[tuple[str, int], Mutants] = {}  # (repository, order seed) -> its mutants
@@ -109,29 +119,46 @@ class SWE(Domain):
         faketime_library()  # the clock recheck needs it: fail closed, naming the package
         return super().make_sandbox()
 
+    def environment(self) -> str:
+        """What the sandbox runs every suite with beyond the repository, for the preflight cache's key:
+        the sandbox, its Python environment (``checkout.environment_identity`` of ``python_env``, or of
+        this interpreter's prefix, the local sandbox's default) and a docker ``base_image``."""
+        found = [self.sandbox_name, self.sandbox_options.get("base_image")]
+        if self.sandbox_name == "local" or self.sandbox_options.get("python_env"):
+            found.append(environment_identity(Path(self.sandbox_options.get("python_env") or sys.prefix)))
+        return json.dumps(found)
+
     def baseline(self, repo: RepoSpec, force: bool = False) -> Baseline:
-        """The repository's preflight, run once and cached by repository state and test command (the
-        file is replaced whole, so another process never reads half of one)."""
+        """The repository's preflight, run once and cached by everything that changes it
+        (``RepoSpec.key`` of ``environment``; the file is replaced whole, so another process never
+        reads half of one). Only the suite's own result is written (``SUITE_RESULTS``): a run the
+        harness failed (``sandbox_error``) or whose suite never started or reported is run again by
+        the next process that asks."""
         with self._cache_lock:
             if repo.name in self._baselines and not force:
                 return self._baselines[repo.name]
-            path = self.preflight_dir / f"{repo.key()}.json"
+            key = repo.key(self.environment())
+            path = self.preflight_dir / f"{key}.json"
             if path.exists() and not force:
                 found = Baseline.model_validate_json(path.read_text())
             else:
-                found = preflight(self.sandbox, repo)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-                partial.write_text(found.model_dump_json())
-                os.replace(partial, path)
+                found = preflight(self.sandbox, repo).model_copy(update={"key": key})
+                if found.status in SUITE_RESULTS:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                    partial.write_text(found.model_dump_json())
+                    os.replace(partial, path)
             self._baselines[repo.name] = found
             return found
 
     def contexts(self) -> list[Context]:
-        """One context per repository that passes preflight (status ok, tests, at most one failure)."""
-        kept = [repo for repo in self.repos.values() if self.baseline(repo).keep]
+        """One context per repository that passes preflight (status ok, a test that passed, at most one
+        failure)."""
+        baselines = {name: self.baseline(repo) for name, repo in self.repos.items()}
+        kept = [repo for repo in self.repos.values() if baselines[repo.name].keep]
         if not kept:
-            raise PropelError("no repository passed preflight; see `propel swe preflight`")
+            reasons = "; ".join(f"{name}: {', '.join(found.reasons)}" for name, found in baselines.items())
+            raise PropelError(f"no repository passed preflight ({reasons}); see `propel swe preflight`")
         return [Context(id=repo.name, data={"repo": repo.name}, bucket=repo.name) for repo in kept]
 
     # -- the generator ------------------------------------------------------------------------------
@@ -372,6 +399,15 @@ def hide_tests(ws, tests: list[str]) -> str | None:
             lines[first - 1 : last] = []
         ws.write(path, "".join(lines).encode())
     return None
+
+
+def absolute_paths(options: dict[str, Any]) -> dict[str, Any]:
+    """Sandbox options with ``python_env`` made absolute (``~`` expanded, a relative path read from
+    the working directory, as every path of a config is), so the sandbox binds the folder the user
+    meant and the preflight cache names it."""
+    if options.get("python_env"):
+        options["python_env"] = str(Path(options["python_env"]).expanduser().resolve())
+    return options
 
 
 def check_bug(task: Task, domain: SWE) -> Validity:

@@ -42,9 +42,11 @@ def register_commands(cli):
     @click.option("--force", is_flag=True, help="Run again even where a cached preflight exists.")
     @click.pass_context
     def preflight(ctx: click.Context, config: str, overrides: tuple[str, ...], force: bool) -> None:
-        """Run every repository's suite once on its clean checkout; keep those with status ok, tests > 0
-        and at most one baseline failure -> RUN/swe/preflight.json. Reads CONFIG with key=value OVERRIDES."""
+        """Run every repository's suite once on its clean checkout; keep those with status ok, a test
+        that passed and at most one baseline failure, naming the failing tests -> RUN/swe/preflight.json.
+        Reads CONFIG with key=value OVERRIDES."""
         from propel_core import PropelError, start
+        from propel_swe.verifier import named
 
         run = start(ctx, [config], overrides)
         domain = run.domain()
@@ -60,6 +62,7 @@ def register_commands(cli):
                         "status": baseline.status,
                         "tests": baseline.test_count,
                         "failures": baseline.failures,
+                        "failing_tests": baseline.failing,
                         "seconds": round(baseline.duration, 2),
                         "kept": baseline.keep,
                         "reasons": baseline.reasons,
@@ -77,6 +80,8 @@ def register_commands(cli):
                 f"{row['repo'][:30]:30} {row['status']:10} {row['tests']:6d} {row['failures']:5d} "
                 f"{row['seconds']:8.2f}  {kept}"
             )
+            if row["failing_tests"] and row["kept"]:  # a dropped one's reasons name them already
+                click.echo(f"{'':30} failing: {named(row['failing_tests'])}")
         click.echo(f"kept {sum(r['kept'] for r in rows)} of {len(rows)}; details in {out}")
 
     @swe.command(context_settings={"ignore_unknown_options": True})

@@ -54,13 +54,15 @@ class RepoSpec(BaseModel):
             raise ValueError(f"repository {self.name!r}: env names must be shell variable names: {', '.join(bad)}")
         return self
 
-    def key(self) -> str:
-        """Names this exact repository state and suite: the commit (or image), the test command and
-        its environment."""
+    def key(self, environment: str = "") -> str:
+        """Names this exact repository state and run of its suite, as the preflight cache does: the
+        commit (or image), the test command and its variables, the runners, the time budget, and
+        ``environment`` (what the sandbox runs the suite with: the domain's ``environment``)."""
         state = self.image or commit_of(self.path)
         blob = json.dumps([self.name, state, self.workdir, self.test_command, self.parser, RUNNERS])
         if self.env:
             blob += json.dumps(sorted(self.env.items()))
+        blob += json.dumps([self.time_budget, environment])
         return f"{self.name.replace('/', '__')}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
     def test_environment(self) -> tuple[list[str], str]:
@@ -132,25 +134,33 @@ class Registry(BaseModel):
 def load_registry(path: str | Path) -> Registry:
     """A registry YAML: ``repos:`` (a list of specs), optional ``swesmith:`` (SWE-smith registry files
     whose entries join ``repos``) and optional ``splits:``; relative paths are read relative to the
-    file. A file ending in ``.json``/``.jsonl`` is read as SWE-smith's
-    registry (see :func:`from_swesmith`)."""
-    path = Path(path)
+    file (``~`` is the user's home), and every path is made absolute. A file ending in
+    ``.json``/``.jsonl`` is read as SWE-smith's registry (see :func:`from_swesmith`)."""
+    path = Path(path).expanduser()
     if not path.is_file():
         raise PropelError(f"repository registry {path} does not exist")
     if path.suffix in (".json", ".jsonl"):
         return from_swesmith(path)
     data = yaml.safe_load(path.read_text()) or {}
     imported = [
-        repo.model_dump() for source in data.pop("swesmith", []) for repo in from_swesmith(path.parent / source).repos
+        repo.model_dump()
+        for source in data.pop("swesmith", [])
+        for repo in from_swesmith(relative_to(path, source)).repos
     ]
     data["repos"] = [*data.get("repos", []), *imported]
     for repo in data["repos"]:
-        if isinstance(repo, dict) and repo.get("path") and not Path(repo["path"]).is_absolute():
-            repo["path"] = str((path.parent / repo["path"]).resolve())
+        if isinstance(repo, dict) and repo.get("path"):
+            repo["path"] = str(relative_to(path, repo["path"]))
     try:
         return Registry.model_validate(data)
     except ValidationError as exc:
         raise PropelError(f"{path}: not a valid repository registry:\n{exc}") from None
+
+
+def relative_to(registry: Path, path: str | Path) -> Path:
+    """A path the registry file names, absolute: ``~`` expanded, a relative one read from the
+    registry's folder."""
+    return (registry.parent / Path(path).expanduser()).resolve()
 
 
 def from_swesmith(path: Path) -> Registry:

@@ -109,13 +109,31 @@ class Baseline(BaseModel):
             reasons.append(f"status {self.status}" + (f": {self.detail}" if self.detail else ""))
         if self.test_count == 0:
             reasons.append("no tests")
-        if self.failures > MAX_BASELINE_FAILURES:
-            reasons.append(f"{self.failures} baseline failures (at most {MAX_BASELINE_FAILURES})")
+        elif "passed" not in self.tests.values():  # a collection error is reported as a failing "test"
+            outcomes = ", ".join(f"{count} {outcome}" for outcome, count in Counter(self.tests.values()).items())
+            failing = f": {named(self.failing)}" if self.failing else ""
+            reasons.append(f"the suite ran nothing: no test passed ({outcomes}{failing})")
+        elif self.failures > MAX_BASELINE_FAILURES:
+            reasons.append(
+                f"{self.failures} baseline failures (at most {MAX_BASELINE_FAILURES}): {named(self.failing)}"
+            )
         return reasons
+
+    @property
+    def failing(self) -> list[str]:
+        """The tests that failed or errored on the clean checkout (a file that could not be collected
+        among them, by its path), in the suite's order."""
+        return [test for test, outcome in self.tests.items() if outcome in ("failed", "error")]
 
     @property
     def keep(self) -> bool:
         return not self.reasons
+
+
+def named(tests: list[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``tests`` and how many more: ``a, b, c and 4 more``."""
+    more = f" and {len(tests) - shown} more" if len(tests) > shown else ""
+    return ", ".join(tests[:shown]) + more
 
 
 def workspace(sandbox, repo: RepoSpec):
