@@ -46,9 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from propel_core import PropelError, Unavailable, hookimpl
-from propel_core.clock import SAMPLE_EVERY, RunClock
-from propel_core.contracts import SANDBOX_STATUSES
+from propel_core import SAMPLE_EVERY, SANDBOX_STATUSES, PropelError, RunClock, Unavailable, hookimpl
 from propel_plugins import bounds
 
 log = logging.getLogger(__name__)

@@ -27,9 +27,10 @@ PUBLIC = {
     ),
     "propel_core.embedded": ("cache_dir", "resolve_model"),
     "propel_core.contracts": (
-        "RewardRule", "ContextSampler", "Sandbox", "RepositorySandbox", "Workspace", "Outcome", "Executor",
-        "JobRunner", "Job", "Attempt", "Episode", "Grading",
+        "RewardRule", "ContextSampler", "Sandbox", "RepositorySandbox", "Workspace", "Outcome", "SANDBOX_STATUSES",
+        "Executor", "JobRunner", "Job", "Attempt", "Episode", "Grading",
     ),
+    "propel_core.clock": ("RunClock", "SAMPLE_EVERY"),
     "propel_core.execution": ("job_seed", "graded_texts"),
     "propel_core.services": ("Services",),
     "propel_core.run": ("Run", "start_run"),

@@ -28,7 +28,7 @@ import time
 import weakref
 from pathlib import Path
 
-from propel_core.clock import SAMPLE_EVERY, RunClock
+from propel_core import SAMPLE_EVERY, RunClock
 from propel_plugins.executors import available_cores
 
 MAX_REQUESTS = 200  # a worker's CPU limit (an hour) covers this many requests of the longest timeout
