@@ -1,5 +1,6 @@
-"""What the kernel bounds for each sandbox run: a memory and process cgroup, a tiny SysV IPC
-allowance, and no new user namespaces.
+"""What the kernel bounds for each sandbox run: a memory and process cgroup (which also accounts its
+CPU time and gives it a CPU share of its own, where the machine has those controllers), a tiny SysV
+IPC allowance, and no new user namespaces.
 
 The cgroup is the bound on everything a run can pin.
 
@@ -46,6 +47,10 @@ class Hierarchy:
     memory: Path
     pids: Path
     cpu: Path | None = None
+    #: where a run gets a CPU share of its own (v1's ``cpu``, v2's ``cpu`` controller): a run in a
+    #: group of its own competes as one, and the kernel's autogroups (which a run could renice) do not
+    #: apply to it; None where propel may not use one
+    share: Path | None = None
 
 
 def _mounts() -> list[tuple[str, str, str, set[str]]]:
@@ -83,7 +88,7 @@ def hierarchy() -> Hierarchy | str:
     own, mounts = _own_paths(), _mounts()
     v1 = {}
     for root, point, kind, options in mounts:
-        for controller in ("memory", "pids", "cpuacct"):
+        for controller in ("memory", "pids", "cpuacct", "cpu"):
             if kind == "cgroup" and controller in options and controller in own:
                 v1[controller] = _folder(root, point, own[controller])
     if "memory" in v1:
@@ -93,13 +98,13 @@ def hierarchy() -> Hierarchy | str:
             return "swap is on and cgroup v1 does not account it (boot with swapaccount=1, or turn swap off)"
         if not all(os.access(folder, os.W_OK) for folder in v1.values()):
             return f"no write access to {v1['memory']} and {v1['pids']} (run as root or delegate them)"
-        cpu = v1.get("cpuacct")
-        return _remove_orphans(Hierarchy(1, v1["memory"], v1["pids"], cpu if cpu and os.access(cpu, os.W_OK) else None))
+        usable = {name: folder for name, folder in v1.items() if os.access(folder, os.W_OK)}
+        return _remove_orphans(Hierarchy(1, v1["memory"], v1["pids"], usable.get("cpuacct"), usable.get("cpu")))
     for root, point, kind, _ in mounts:
         if kind == "cgroup2" and "" in own:
             folder = _folder(root, point, own[""])
-            if {"memory", "pids"} <= _enabled(folder):
-                return _remove_orphans(Hierarchy(2, folder, folder, folder))
+            if {"memory", "pids"} <= (enabled := _enabled(folder)):
+                return _remove_orphans(Hierarchy(2, folder, folder, folder, folder if "cpu" in enabled else None))
             return (
                 f"cgroup v2: the memory and pids controllers are not delegated to {folder} "
                 "(enable them in its cgroup.subtree_control, e.g. systemd-run -p Delegate=yes)"
@@ -121,6 +126,9 @@ def _enabled(folder: Path) -> set[str]:
         wanted = {"memory", "pids"} - set(control.read_text().split())
         if wanted:
             control.write_text(" ".join(f"+{name}" for name in sorted(wanted)))
+    with contextlib.suppress(OSError):  # a CPU share of its own for each run, where it can be had
+        if "cpu" not in control.read_text().split():
+            control.write_text("+cpu")
     try:
         return set(control.read_text().split())
     except OSError:
@@ -144,7 +152,7 @@ class RunGroup:
             raise OSError(found)
         self.hierarchy = found
         name = f"{PREFIX}{os.getpid()}-{next(_numbers)}"
-        parents = (found.memory, found.pids, *([found.cpu] if found.cpu else []))
+        parents = (found.memory, found.pids, *(folder for folder in (found.cpu, found.share) if folder))
         self.folders = list(dict.fromkeys(parent / name for parent in parents))
         try:
             for folder in self.folders:
@@ -235,7 +243,7 @@ class RunGroup:
 
 def _remove_orphans(found: Hierarchy) -> Hierarchy:
     """Remove run groups left by processes that are gone (a propel killed with SIGKILL); once a process."""
-    for parent in dict.fromkeys((found.memory, found.pids, *([found.cpu] if found.cpu else []))):
+    for parent in dict.fromkeys((found.memory, found.pids, *(folder for folder in (found.cpu, found.share) if folder))):
         with contextlib.suppress(OSError):
             for folder in parent.iterdir():
                 if not folder.name.startswith(PREFIX):

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from propel_core import SAMPLE_EVERY, SANDBOX_STATUSES, PropelError, RunClock, Unavailable, hookimpl
+from propel_core import SANDBOX_STATUSES, PropelError, RunClock, Unavailable, hookimpl
 from propel_plugins import bounds
 
 log = logging.getLogger(__name__)
@@ -362,11 +362,11 @@ class LocalSandbox:
                         return out(verdict)
                 if not selector.get_map():  # pipes closed: the program exited (or closed them)
                     try:
-                        process.wait(timeout=SAMPLE_EVERY)
+                        process.wait(timeout=clock.until_due())
                         return out(None)
                     except subprocess.TimeoutExpired:
                         continue
-                for key, _ in selector.select(timeout=SAMPLE_EVERY):
+                for key, _ in selector.select(timeout=clock.until_due()):
                     data = os.read(key.fd, 65536)
                     if not data:
                         selector.unregister(key.fileobj)

@@ -30,7 +30,7 @@ PUBLIC = {
         "RewardRule", "ContextSampler", "Sandbox", "RepositorySandbox", "Workspace", "Outcome", "SANDBOX_STATUSES",
         "Executor", "JobRunner", "Job", "Attempt", "Episode", "Grading",
     ),
-    "propel_core.clock": ("RunClock", "SAMPLE_EVERY"),
+    "propel_core.clock": ("RunClock",),
     "propel_core.execution": ("job_seed", "graded_texts"),
     "propel_core.services": ("Services",),
     "propel_core.run": ("Run", "start_run"),

@@ -21,11 +21,15 @@ its threads waited for a CPU most of that time, the machine was too busy to judg
 failure (``sandbox_error``, its reason starting :data:`OVERLOADED`), never the program's; otherwise
 (it kept a thread runnable at every reading and yet did not use the CPU it had) it is ``timeout``.
 A program cannot make itself ``overloaded``: on a machine with no other work a runnable thread runs,
-so it waits for no CPU and its CPU time reaches the limit first.
+so it waits for no CPU and its CPU time reaches the limit first; one that slowed itself down to wait
+(lowered its priority or its autogroup's, took the batch or idle policy, narrowed its CPUs) is
+``timeout`` at the backstop, whatever it waited. The readings fall at moments the caller's own timer
+draws (``until_due``), not when the run wakes the caller, so a run cannot time itself to them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -39,9 +43,17 @@ OVERLOADED = "overloaded"
 SAMPLE_EVERY = 0.05
 
 
-def thread_state(tid: int) -> tuple[bool, float, float] | None:
-    """(whether it is running or ready to run, seconds on a CPU, seconds waiting for one) of thread
-    ``tid``, or None if it is gone."""
+def scheduling() -> tuple[int, int, frozenset[int]]:
+    """The calling thread's nice, scheduling policy and CPUs: what a process it starts begins with."""
+    return os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), frozenset(os.sched_getaffinity(0))
+
+
+def thread_state(tid: int, start: tuple[int, int, frozenset[int]]) -> tuple[bool, float, float, bool] | None:
+    """(whether it is running or ready to run, seconds on a CPU, seconds waiting for one, whether it
+    slowed itself down) of thread ``tid``, or None if it is gone. A thread slows itself down when,
+    against what its run started with (``start``, from :func:`scheduling`), it lowers its priority (a
+    higher nice, its session's autogroup niced, the batch or idle policy) or narrows the CPUs it may
+    run on: it then waits for a CPU by its own doing."""
     try:
         stat = Path(f"/proc/{tid}/stat").read_bytes()
         fields = stat[stat.rindex(b")") + 2 :].split()
@@ -51,10 +63,23 @@ def thread_state(tid: int) -> tuple[bool, float, float] | None:
         on_cpu, waiting, _ = (int(value) / 1e9 for value in Path(f"/proc/{tid}/schedstat").read_bytes().split())
     except (OSError, ValueError):  # a kernel without scheduler statistics: user + system time, no wait
         on_cpu, waiting = (int(fields[11]) + int(fields[12])) / TICKS, 0.0
-    return fields[0] == b"R", on_cpu, waiting
+    nice, policy, cpus = start
+    slowed = int(fields[16]) > nice or (int(fields[38]) in LOW_POLICIES and int(fields[38]) != policy)
+    with contextlib.suppress(OSError):
+        slowed = slowed or not cpus <= os.sched_getaffinity(tid) or b" nice 0" not in _autogroup(tid)
+    return fields[0] == b"R", on_cpu, waiting, slowed
+
+
+def _autogroup(tid: int) -> bytes:
+    try:
+        return Path(f"/proc/{tid}/autogroup").read_bytes()
+    except OSError:  # a kernel without autogroups
+        return b" nice 0"
 
 
 TICKS = os.sysconf("SC_CLK_TCK")
+#: SCHED_BATCH and SCHED_IDLE
+LOW_POLICIES = (3, 5)
 
 
 @dataclass
@@ -70,12 +95,16 @@ class RunClock:
     idle: float = 0.0
     waited: float = 0.0
     wall: float = 0.0
+    #: whether a reading found a thread that slowed itself down (``thread_state``)
+    slowed: bool = False
     _threads: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
     _gone: tuple[float, float] = (0.0, 0.0)
     _base: tuple[float, float] = (0.0, 0.0)
     _last: float | None = field(default=None, repr=False)
     _next: float = field(default=0.0, repr=False)
     _draw: random.Random = field(default_factory=random.Random, repr=False)
+    #: the scheduling a run started with (the caller's, made where the caller starts the run)
+    start: tuple[int, int, frozenset[int]] = field(default_factory=scheduling, repr=False)
 
     def begin(self, tids: Iterable[int]) -> RunClock:
         """Start the clocks now for threads that already ran (a worker serving one request after
@@ -90,6 +119,11 @@ class RunClock:
         """Whether a reading is due."""
         return time.monotonic() >= self._next
 
+    def until_due(self) -> float:
+        """Seconds until the next reading: the caller waits on its own timer for it, so readings fall
+        at the drawn moments, never when the run wakes the caller (by writing output, say)."""
+        return max(0.0, self._next - time.monotonic())
+
     def sample(self, tids: Iterable[int], cpu: float | None = None) -> None:
         """Read the threads ``tids`` the run has now; ``cpu`` is its accounted CPU time, if known. A
         thread seen before keeps its last reading when it has gone, so what it used and waited counts.
@@ -97,14 +131,14 @@ class RunClock:
         now = time.monotonic()
         runnable, read = False, False
         for tid in tids:
-            found = thread_state(tid)
+            found = thread_state(tid, self.start)
             if found is None:
                 continue
-            read, runnable = True, runnable or found[0]
+            read, runnable, self.slowed = True, runnable or found[0], self.slowed or found[3]
             before = self._threads.get(tid)
             if before is not None and found[1] < before[0]:  # the tid was reused: the old thread is done
                 self._gone = (self._gone[0] + before[0], self._gone[1] + before[1])
-            self._threads[tid] = found[1:]
+            self._threads[tid] = found[1:3]
         if read and not runnable:
             self.idle += now - (self.started if self._last is None else self._last)
         self._last, self.wall = now, now - self.started
@@ -131,7 +165,7 @@ class RunClock:
             )
         if ended or self.wall <= self.backstop * self.limit:
             return None
-        if self.waited > (self.wall - self.cpu) / 2:
+        if self.waited > (self.wall - self.cpu) / 2 and not self.slowed:
             return "sandbox_error", (
                 f"{OVERLOADED}: the machine was too busy to judge the run: in {self.wall:.0f} s it got "
                 f"{self.cpu:.1f} s of CPU and waited {self.waited:.0f} s for one (limit {self.limit:g} s); "

@@ -28,7 +28,7 @@ import time
 import weakref
 from pathlib import Path
 
-from propel_core import SAMPLE_EVERY, RunClock
+from propel_core import RunClock
 from propel_plugins.executors import available_cores
 
 MAX_REQUESTS = 200  # a worker's CPU limit (an hour) covers this many requests of the longest timeout
@@ -131,7 +131,7 @@ class Worker:
         with selectors.DefaultSelector() as selector:
             selector.register(fd, selectors.EVENT_READ)
             while not data.endswith(b"\n"):
-                if selector.select(timeout=SAMPLE_EVERY):
+                if selector.select(timeout=clock.until_due()):
                     try:
                         chunk = os.read(fd, 65536)
                     except BlockingIOError:

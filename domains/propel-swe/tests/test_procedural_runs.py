@@ -4,7 +4,6 @@ is mutated, no generator model is loaded, and a bug that hangs the suite costs l
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -105,7 +104,7 @@ def test_generate_loads_no_generator_model_and_any_executor_gives_the_same_bugs(
                 "domain": {"name": "swe", "options": options},
                 "generate": {"num_tasks": 6},
                 "executor": {"name": "local", "workers": workers},
-                "generator": {"model": str(tmp_path / "no-such-model")},
+                "generator": {"model": "nobody/no-such-model"},  # never loaded, so never fetched
             }
         )
         return Run(config, Registry.build(), quiet=True)
@@ -137,8 +136,9 @@ HANG = """\
 
 def test_a_bug_that_hangs_the_suite_ends_well_under_the_time_budget(tiny_repo, test_env, tmp_path):
     """Depends on the verifier deriving the suite's time limit for a bug from the preflight duration
-    (the tiny suite runs in well under a second), not on the repository's whole ``time_budget``:
-    until it does, this takes the whole 120 s and fails."""
+    (the tiny suite runs in well under a second: the least limit, 30 s), not on the repository's
+    whole ``time_budget`` (120 s). The limit is CPU and own time, so it is read from the reason, not
+    from the wall clock, which a busy machine stretches."""
     needs_local_sandbox()
     registry = write_registry(tmp_path, [{"name": "tinystats", "path": str(tiny_repo), "time_budget": 120}])
     domain = Registry.build().domain(
@@ -148,7 +148,5 @@ def test_a_bug_that_hangs_the_suite_ends_well_under_the_time_budget(tiny_repo, t
         sandbox_options={**SANDBOX, "python_env": str(test_env)},
     )
     assert domain.baseline(domain.repos["tinystats"]).duration < 10
-    started = time.monotonic()
     validity = domain.verify({"repo": "tinystats", "diff": HANG, "turns": ["x"]})
-    assert not validity.valid and "timeout" in validity.reason
-    assert time.monotonic() - started < 60
+    assert not validity.valid and "(timeout): over its time limit of 30 s" in validity.reason, validity.reason
