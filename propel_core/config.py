@@ -112,6 +112,27 @@ class ModelConfig(Section):
 
         return (self.model or EMBEDDED_MODEL_ID) + (f"+{self.adapter}" if self.adapter else "")
 
+    @field_validator("model")
+    @classmethod
+    def _local_model_is_there(cls, model: str | None) -> str | None:
+        """A model named by a path (``/``, ``./``, ``../``, ``~`` or more than one ``/``) must exist when
+        the config is read: otherwise the first stage fails after its start, with files written."""
+        path = model is not None and (model.startswith(("/", "./", "../", "~")) or model.count("/") > 1)
+        if path and not Path(model).expanduser().exists():
+            raise ValueError(
+                f"{model} does not exist; a local model is a folder (or a .gguf file) that is there when the "
+                "config is read, a Hugging Face id is owner/name"
+            )
+        return model
+
+    @property
+    def shown(self) -> str:
+        """What a person is told runs this role: the model, or the backend where it is not one of the
+        model-loading backends (a simulated solver names no model of its own)."""
+        if self.backend in ("transformers", "vllm", "openai"):
+            return self.model_id
+        return f"{self.backend} backend" + (f" ({self.model})" if self.model else "")
+
     def with_adapter(self, adapter: str | Path | None) -> ModelConfig:
         """This model with the LoRA adapter at ``adapter`` applied (None: the base model)."""
         return self.model_copy(update={"adapter": str(adapter) if adapter else None})

@@ -131,7 +131,7 @@ def graded_attempts(
     worker = services.worker(model)
     writer = JsonlWriter(journal) if journal is not None else None
     try:
-        with services.progress(f"{description} ({model.model_id}, K={k})", total=len(tasks)) as advance:
+        with services.progress(f"{description} ({model.shown}, K={k})", total=len(tasks)) as advance:
             advance(len(complete))
             for job, attempt in graded(services, worker, jobs):
                 found = done[job.task.id]
@@ -297,7 +297,7 @@ def sample_tasks(services: Services, model: ModelConfig, contexts: list[Context]
         worker = services.worker(model)
         with (
             JsonlWriter(path) as out,
-            services.progress(f"generate ({model.model_id})", total=len(contexts)) as advance,
+            services.progress(f"generate ({model.shown})", total=len(contexts)) as advance,
         ):
             advance(len(contexts) - len(jobs))
             for _, task in services.executor().run(worker, jobs):

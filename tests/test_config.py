@@ -366,3 +366,23 @@ def test_a_config_no_parser_reads_is_one_line(text, tmp_path, propel_cli):
     refused = propel_cli("label", str(config), check=False)
     assert refused.returncode == 1 and refused.stderr.startswith("Error: cannot read config:"), refused.stderr
     assert refused.stderr.count("\n") == 1
+
+
+def test_a_local_model_path_that_is_not_there_is_refused_when_the_config_is_read(tmp_path, propel_registry):
+    """A model named by a path must exist when the config is read (propel config says so before any
+    stage starts or writes a file); a Hugging Face id (owner/name) and a path that is there pass."""
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ConfigError, match=rf"generator\.model = '{missing}': .*{missing} does not exist"):
+        validate_config({"domain": {"name": "countdown"}, "generator": {"model": str(missing)}}, propel_registry)
+    with pytest.raises(ConfigError, match=r"solver\.model = './nowhere/model'"):
+        validate_config({"domain": {"name": "countdown"}, "solver": {"model": "./nowhere/model"}}, propel_registry)
+    (tmp_path / "here").mkdir()
+    for model in ("Qwen/Qwen2.5-3B-Instruct", str(tmp_path / "here")):
+        assert validate_config({"domain": {"name": "countdown"}, "generator": {"model": model}}, propel_registry)
+
+
+def test_progress_names_the_backend_where_no_model_is_loaded():
+    from propel_core.config import ModelConfig
+
+    assert ModelConfig().shown == "SmolLM2-135M-Instruct"
+    assert ModelConfig(backend="arithmetic_skill").shown == "arithmetic_skill backend"
