@@ -49,7 +49,7 @@ BANNED_ATTRIBUTES = frozenset(
 )  # fmt: skip
 FORMAT_METHODS = frozenset({"format", "format_map"})
 GRADER_HASH_SEED = 0  # the hash seed the grader runs every attempt with
-VALIDITY_TIME_SHARE = 0.5  # validity's run as graded gets this share of the grader's wall clock
+VALIDITY_TIME_SHARE = 0.5  # validity's run as graded gets this share of the grader's time limit
 
 SECTION = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL) for name in ("code", "inputs", "message")}
 CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)

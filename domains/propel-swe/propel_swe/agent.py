@@ -11,7 +11,9 @@ Tools: ``bash`` (a command in the workspace), ``browse`` (the tracked files), ``
 ``>>>>>>> REPLACE`` with text that must occur exactly once) and ``submit`` (the episode ends). The
 bug writer gets ``bash`` and ``submit``; the solver all five. Stop reasons: ``stop`` (submitted),
 ``max_turns``, ``length`` (a reply ended inside an open tool call: cut at the per-turn token limit),
-``timeout`` (the episode's wall-clock budget), ``error`` (the sandbox failed). The trajectory keeps
+``timeout`` (the episode's budget: the time its commands took, judged as the sandbox judges a run's,
+so a busy machine does not shorten an episode; the turn cap bounds the model's replies), ``error``
+(the sandbox failed). The trajectory keeps
 every assistant turn and every tool result.
 """
 
@@ -22,6 +24,8 @@ import shlex
 import time
 from collections.abc import Callable
 from typing import Any
+
+from propel_swe.verifier import own_seconds
 
 BUG_WRITER_TOOLS = ("bash", "submit")
 SOLVER_TOOLS = ("browse", "show", "edit", "bash", "submit")
@@ -86,11 +90,11 @@ def run_episode(
     """Run the conversation until submit, the turn cap, a cut reply, the budget or a sandbox failure.
     Returns the trajectory: ``messages`` (all of them), ``turns`` (one entry per assistant turn with
     its tool, tool result and exit code), ``stop_reason`` and ``seconds``."""
-    started = time.monotonic()
+    started, spent = time.monotonic(), 0.0  # spent: what the commands took, in their own time
     turns: list[dict[str, Any]] = []
     stop = "max_turns"
     for _ in range(max_turns):
-        remaining = budget - (time.monotonic() - started)
+        remaining = budget - spent
         if remaining <= 0:
             stop = "timeout"
             break
@@ -108,13 +112,14 @@ def run_episode(
             stop = "stop"
             break
         else:
-            observation, status = execute(ws, call, min(command_time_limit, remaining), max_output_chars)
+            observation, status, seconds = execute(ws, call, min(command_time_limit, remaining), max_output_chars)
+            spent += seconds
             turn["status"] = status
             if status == "sandbox_error":
                 turn["output"] = observation
                 stop = "error"
                 break
-            if status == "timeout" and time.monotonic() - started >= budget:
+            if status == "timeout" and remaining <= command_time_limit:  # it ran out of the episode's time
                 turn["output"] = observation
                 stop = "timeout"
                 break
@@ -123,8 +128,9 @@ def run_episode(
     return {"messages": messages, "turns": turns, "stop_reason": stop, "seconds": time.monotonic() - started}
 
 
-def execute(ws, call: tuple[str, str], time_limit: float, max_output_chars: int) -> tuple[str, str]:
-    """Run one tool call; (the observation the model sees, the sandbox status). Whatever the call's
+def execute(ws, call: tuple[str, str], time_limit: float, max_output_chars: int) -> tuple[str, str, float]:
+    """Run one tool call; (the observation the model sees, the sandbox status, the seconds it took as
+    the sandbox judges a run's time: none for the tools the harness serves itself). Whatever the call's
     text makes a tool raise (an unclosed quote, a digit ``int`` cannot read, a file that is not
     UTF-8) is the model's error, shown to it like any other; it never ends the episode."""
     tool, body = call
@@ -134,17 +140,17 @@ def execute(ws, call: tuple[str, str], time_limit: float, max_output_chars: int)
         elif tool == "browse":
             result = ws.run("git ls-files | head -n 500", time_limit=time_limit)
         elif tool == "show":
-            return _show(ws, body), "ok"
+            return _show(ws, body), "ok", 0.0
         else:  # edit
-            return _edit(ws, body), "ok"
+            return _edit(ws, body), "ok", 0.0
     except Exception as exc:
-        return f"error: {type(exc).__name__}: {str(exc)[:300]}", "error"
-    output = (result.stdout + result.stderr)[-max_output_chars:]
+        return f"error: {type(exc).__name__}: {str(exc)[:300]}", "error", 0.0
+    output, seconds = (result.stdout + result.stderr)[-max_output_chars:], own_seconds(result)
     if result.status == "timeout":
-        return f"(timed out after {time_limit:.0f} s)\n{output}", result.status
+        return f"(timed out after {time_limit:.0f} s)\n{output}", result.status, seconds
     if result.status == "sandbox_error":
-        return f"(sandbox failed: {result.detail})", result.status
-    return f"exit code {result.returncode}\n{output}", result.status
+        return f"(sandbox failed: {result.detail})", result.status, seconds
+    return f"exit code {result.returncode}\n{output}", result.status, seconds
 
 
 def _show(ws, body: str) -> str:
