@@ -26,8 +26,8 @@ For domain authors, ``assert_same_verdicts_concurrently(domain, attempts)``: the
 domain's grader from many threads at once; this grades the attempts one by one, then all of them
 again from many threads in a shuffled order, and fails naming every attempt whose verdict changed.
 ``assert_same_verdicts_under_load(grade, cases)`` grades each case on the machine as it is, then
-again beside ``cpu_hogs()`` (CPU-bound processes, several per core, each in a session of its own, as
-other users' jobs are), and fails naming every case whose verdict moved with the load.
+again beside ``cpu_hogs()`` (CPU-bound processes, several per core, in a session of their own, as
+another user's job is), and fails naming every case whose verdict moved with the load.
 
 For probe and training experiments, ``planted_countdown_run(folder)``: a run folder of valid
 countdown tasks with labels whose signal is known (in band when the target is above the median).
@@ -192,21 +192,29 @@ def sandbox_folders_left() -> list[str]:
 
 
 @contextlib.contextmanager
-def cpu_hogs(per_core: int = 8):
-    """``per_core`` CPU-bound processes for each core of the machine, each in a session of its own (so
-    each competes as another user's job does, not as part of this process's session), until the block
-    ends: ``per_core`` times oversubscribed."""
+def cpu_hogs(per_core: int = 8, own_sessions: bool = False):
+    """``per_core`` CPU-bound processes for each core of the machine until the block ends: ``per_core``
+    times as many runnable threads as cores. Together in one session of their own by default (one
+    other user's job: the kernel's autogroups give it one session's share, so a test suite's other
+    workers beside it keep theirs); with ``own_sessions``, each in a session of its own (as many
+    users' jobs: each session's share, the load a benchmark measures)."""
     import os
+    import signal
 
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-        for _ in range(per_core * (os.cpu_count() or 1))
-    ]
+    count = per_core * (os.cpu_count() or 1)
+    if own_sessions:
+        hogs = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)
+        ]
+    else:  # one leader in a new session and its children, all spinning
+        spin = f"import os\nfor _ in range({count} - 1):\n    if os.fork() == 0: break\nwhile True: pass\n"
+        hogs = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)]
     try:
         yield hogs
     finally:
         for hog in hogs:
-            hog.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(hog.pid, signal.SIGKILL)
             hog.wait()
 
 

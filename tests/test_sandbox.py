@@ -318,7 +318,7 @@ NEAR_THE_LIMIT = {
 
 def test_verdicts_on_time_are_the_same_idle_and_at_8x_oversubscription():
     """Each program gets its status from the CPU and own time it used, so sixteen CPU hogs beside it
-    on two cores (each in a session of its own) slow it, and change no verdict. The backstop is
+    on two cores (in a session of their own) slow it, and change no verdict. The backstop is
     raised so that the test's own load (another test worker beside it) cannot reach it."""
     box = LocalSandbox(time_limit=1.0, memory_mb=256, backstop=60)
     if box.missing_layers():
@@ -335,7 +335,7 @@ def test_a_run_the_backstop_stops_is_overloaded_not_timed_out():
     box = LocalSandbox(time_limit=1.0, memory_mb=256, backstop=2)
     if box.missing_layers():
         pytest.skip(f"needs: {box.missing_layers()}")
-    with cpu_hogs(per_core=16):
+    with cpu_hogs(per_core=16, own_sessions=True):  # starved for real, the run queues past the backstop
         queued = run(box, BURN + "burn(0.9)\n" + RESULT.format(value=1))
         sleeper = run(box, "import time\ntime.sleep(1000)\n")
     assert queued.status == "sandbox_error" and queued.detail.startswith("overloaded: the machine was too busy")

@@ -106,7 +106,7 @@ def test_a_solver_that_reverts_the_bug_solves_it(tiny_domain):
 
 def test_verdicts_are_the_same_idle_and_at_4x_oversubscription(tiny_domain):
     """A real bug, a no-op bug, the bug's revert and an attempt that does nothing, judged idle and
-    beside eight CPU hogs on two cores (each in a session of its own): the same verdicts, as the
+    beside eight CPU hogs on two cores (in a session of their own): the same verdicts, as the
     sandbox judges every run by its CPU and own time (docs/sandbox.md, "Time")."""
     from propel_core.testing import assert_same_verdicts_under_load
 
