@@ -218,15 +218,17 @@ def cpu_hogs(per_core: int = 8, own_sessions: bool = False):
             hog.wait()
 
 
-def assert_same_verdicts_under_load(grade, cases: dict[str, object], per_core: int = 8) -> dict[str, object]:
+def assert_same_verdicts_under_load(
+    grade, cases: dict[str, object], per_core: int = 8, own_sessions: bool = False
+) -> dict[str, object]:
     """Grade every case (name -> what ``grade`` takes) on the machine as it is, then again, all at
-    once from threads of their own, beside :func:`cpu_hogs` (``per_core`` per core); fail naming each
-    case whose verdict differs. ``grade`` returns a comparable verdict (a status, solved and reason).
-    Returns the verdicts."""
+    once from threads of their own, beside :func:`cpu_hogs` (``per_core`` per core, ``own_sessions``
+    as it says); fail naming each case whose verdict differs. ``grade`` returns a comparable verdict
+    (a status, solved and reason). Returns the verdicts."""
     from concurrent.futures import ThreadPoolExecutor
 
     idle = {name: grade(case) for name, case in cases.items()}
-    with cpu_hogs(per_core), ThreadPoolExecutor(len(cases)) as pool:
+    with cpu_hogs(per_core, own_sessions), ThreadPoolExecutor(len(cases)) as pool:
         busy = dict(zip(cases, pool.map(grade, cases.values()), strict=True))
     moved = [
         f"{name}: {idle[name]!r} idle, {busy[name]!r} beside the hogs" for name in cases if idle[name] != busy[name]

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from propel_core import RunClock
@@ -109,7 +110,7 @@ class Worker:
         """The worker's reply to ``request``, or None when it did not start within ``startup_timeout``
         or gave no reply within ``timeout``."""
         if not self.ready:
-            self.ready = _read_line(self.process.stdout.fileno(), self.startup_timeout) is not None
+            self.ready = _read_line(self.process.stdout.fileno(), *_within(self.startup_timeout)) is not None
             if not self.ready:
                 return None
         try:
@@ -127,25 +128,16 @@ class Worker:
     def _reply(self) -> bytes | None:
         """The reply's line, or None once the request has used ``timeout`` of CPU or own time."""
         clock = RunClock(self.timeout).begin(self._threads())
-        fd, data = self.process.stdout.fileno(), b""
-        with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while not data.endswith(b"\n"):
-                if selector.select(timeout=clock.until_due()):
-                    try:
-                        chunk = os.read(fd, 65536)
-                    except BlockingIOError:
-                        continue
-                    if not chunk:
-                        return None
-                    data += chunk
-                if clock.due():
-                    clock.sample(self._threads())
-                    if (over := clock.over()) is not None:
-                        if over[0] == "timeout":
-                            return None
-                        raise Overloaded(f"{over[1]} (the math verifier)")
-        return data
+
+        def spent() -> bool:
+            if not clock.due():
+                return False
+            clock.sample(self._threads())
+            if (over := clock.over()) is not None and over[0] != "timeout":
+                raise Overloaded(f"{over[1]} (the math verifier)")
+            return over is not None
+
+        return _read_line(self.process.stdout.fileno(), clock.until_due, spent)
 
     def _threads(self) -> list[int]:
         """The threads of every process of the worker's session (bubblewrap's, prlimit's, Python's)."""
@@ -173,24 +165,30 @@ def _session(sid: int) -> list[int]:
     return found
 
 
-def _read_line(fd: int, timeout: float) -> bytes | None:
-    """One whole line from ``fd`` (non-blocking), or None at the deadline or the end of the stream;
-    never waits past the deadline, however the line arrives."""
-    deadline, data = time.monotonic() + timeout, b""
+def _read_line(fd: int, wait: Callable[[], float], spent: Callable[[], bool]) -> bytes | None:
+    """One whole line from ``fd`` (non-blocking), or None at the end of the stream or once ``spent()``
+    says the time is up, asked whenever ``wait()`` seconds pass without data and after each chunk."""
+    data = b""
     with selectors.DefaultSelector() as selector:
         selector.register(fd, selectors.EVENT_READ)
         while not data.endswith(b"\n"):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not selector.select(timeout=remaining):
+            if selector.select(timeout=wait()):
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    return None
+                data += chunk
+            if spent():
                 return None
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                return None
-            data += chunk
     return data
+
+
+def _within(seconds: float) -> tuple[Callable[[], float], Callable[[], bool]]:
+    """``wait`` and ``spent`` for ``_read_line`` on the wall clock: the worker's start, not a verdict."""
+    deadline = time.monotonic() + seconds
+    return (lambda: max(0.0, deadline - time.monotonic())), (lambda: time.monotonic() >= deadline)
 
 
 def _kill(process: subprocess.Popen) -> None:

@@ -315,6 +315,21 @@ def test_an_answer_the_verifier_cannot_finish_is_not_solved():
     assert verdict.solved is None and "did not answer" in verdict.reason
 
 
+def test_verdicts_are_the_same_idle_and_beside_cpu_hogs():
+    """The verifier judges a comparison by its worker's CPU and own time, not the wall clock: right,
+    wrong and unfinishable answers (a tower of powers, past the 2 s limit in CPU time) get the same
+    verdicts beside sixteen CPU hogs on two cores. (The comparisons here take a fraction of the limit,
+    so this guards the verdicts under load; the sandbox's own tests show the wall clock's failure.)"""
+    from propel_core.testing import assert_same_verdicts_under_load
+
+    domain = Registry.build().domain("math", verify_timeout=2.0)
+    cases = {"right": "\\boxed{0.5}", "wrong": "\\boxed{2}", "unfinishable": "\\boxed{9^{9^{9^{9}}}}"}
+    found = assert_same_verdicts_under_load(
+        lambda text: domain.grade({"problem": "p", "answer": "\\frac{1}{2}"}, text).solved, cases
+    )
+    assert found == {"right": True, "wrong": False, "unfinishable": False}
+
+
 def scripted_oracles(replies):
     """A backend plugin whose instances (one per oracle) answer from one shared script, in call order."""
     script = iter(replies)

@@ -64,10 +64,16 @@ class Replay(BaseModel):
     recorded_all: bool = Field(
         True, description="whether every call the failing tests made into the repository was recorded"
     )
+    described: int = Field(
+        1, description="how its answers were described (replayer.DESCRIBED); one described otherwise is not compared"
+    )
 
     @property
     def judged(self) -> int:
-        """How many calls a change's answers are compared on."""
+        """How many calls a change's answers are compared on: none where the answers were described
+        otherwise than the replayer describes a change's (a task verified by an older propel)."""
+        if self.described != replayer.DESCRIBED:
+            return 0
         return sum(bool(digest) for digest in self.answers)
 
 
@@ -123,7 +129,7 @@ def of_the_original(
     """Every call, in order, with the original code's answer where it answered, and answered the same
     in both its replays (``first``, ``second``); an empty answer (not judged) elsewhere. A change's
     replay makes every call, so each judged one meets the state the original's did."""
-    replay = Replay(paths=paths, recorded_all=recorded_all)
+    replay = Replay(paths=paths, recorded_all=recorded_all, described=replayer.DESCRIBED)
     again = second["answers"] if second is not None else []
     for index, (call, shown) in enumerate(calls):
         digest, said = first[index]

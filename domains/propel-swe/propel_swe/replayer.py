@@ -9,11 +9,15 @@ module in place of ``__main__`` and installs the guard before any code of the re
 Then, for each call in order, it loads the call's arguments and calls what a user reaches by the
 function's name: the module's or the class's attribute of that name (a method with ``self`` first, a
 classmethod with the call's own ``cls``, a property read or set), with the arguments laid out as the
-original function took them (``recorder``). It describes what came of it as data: the value returned (numbers that
-compare equal alike, an iterator's first items, an object's attributes, never an address) or the
-nearest built-in type of the exception raised, the arguments as the call left them (a method's
-effect on ``self``), and the warnings it gave. It writes, on the descriptor, one line: ``NONCE`` and
-a JSON list with, per call, a digest of that description and its first characters. With a seed, after each recorded call
+original function took them (``recorder``). It describes what came of it as data, as a test compares
+it (``describe``): the value returned (values that ``==`` makes equal alike whatever their class: a
+float and the int it equals, a str subclass and its text, a Counter and the dict it equals; floats
+to twelve significant digits; every item of a sequence, the first ``ITEMS`` in full and the rest in a
+digest; an object's attributes, ``__slots__`` included; never an address, in a repr or in a text) or
+the nearest built-in type of the exception raised, the arguments as the call left
+them (a method's effect on ``self``), the warnings it gave and what it printed. It writes, on the
+descriptor, one line: ``NONCE`` and a JSON list with, per call, a digest of that description and its
+first characters. With a seed, after each recorded call
 it makes ``variants`` calls of its own whose arguments differ from the recorded ones in one value (a
 number moved near or far, negated or zeroed; a string or a sequence shortened, turned round,
 lengthened or emptied) and answers them too, in the order it made them, and writes their pickles
@@ -36,8 +40,10 @@ it can only change its own answers.
 __builtins__ = dict(vars(__import__("builtins")))
 
 import binascii
+import collections
 import hashlib
 import importlib
+import io
 import json
 import os
 import pickle
@@ -59,6 +65,12 @@ FROM_BASE64, TO_BASE64, IMPORT = binascii.a2b_base64, binascii.b2a_base64, impor
 CATCH_WARNINGS, WARN_ALWAYS = warnings.catch_warnings, warnings.simplefilter
 NAMED = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)
 WITHOUT_ADDRESSES = re.compile(r"0x[0-9a-fA-F]+").sub
+#: an object's default repr kept in a text ("<Foo object at 0x7f...>"): the address goes, the rest stays
+ADDRESS_IN_TEXT = re.compile(r" at 0x[0-9a-fA-F]+").sub
+#: how answers are described: a replay recorded under another number is not compared (``Replay.judged``)
+DESCRIBED = 2
+PRINTED = 10_000  # characters of what a call printed that its description keeps
+STRING_IO, ORDERED = io.StringIO, collections.OrderedDict
 ESCAPED = {'"': '\\"', "\\": "\\\\"}
 
 
@@ -110,16 +122,21 @@ def replay(call: str, seconds: float, arm, disarm, refusals, out_of_time) -> lis
     arm(seconds)
     try:
         module, qualname, kind, layout, arguments = LOADS(FROM_BASE64(call))
+        printed, streams = STRING_IO(), (sys.stdout, sys.stderr)
         with CATCH_WARNINGS(record=True) as warned:
             WARN_ALWAYS("always")
+            sys.stdout = sys.stderr = printed
             try:
                 returned = ["returned", describe(call_as_a_user(module, qualname, kind, layout, arguments))]
             except out_of_time:
                 raise
             except Exception as exc:
-                returned = ["raised", built_in_kind(exc)]
+                returned = ["raised", built_in_kind(exc)]  # not its message: a right fix may word it otherwise
+            finally:
+                sys.stdout, sys.stderr = streams
         given = [[built_in_kind(each.message), WITHOUT_ADDRESSES("0x", str(each.message))[:200]] for each in warned]
-        description = encoded([returned, describe(arguments), given])
+        said = without_addresses(printed.getvalue()[:PRINTED])
+        description = encoded([returned, describe(arguments), given, said])
     except out_of_time:
         description = TIMEOUT
     except BaseException as exc:  # it could not be loaded or found, or it left by SystemExit
@@ -167,32 +184,47 @@ def built_in_kind(exc: BaseException) -> str:
 
 
 def describe(value, depth: int = 0):
-    """``value`` as plain data (text, lists, None and booleans): numbers that compare equal alike,
-    text and containers as they are (a set or a dict in sorted order), an iterator's first
-    ``ITEMS`` items, another object as its type and attributes; no address."""
+    """``value`` as plain data (text, lists, None and booleans), as ``==`` compares it: numbers that
+    compare equal alike (floats to twelve significant digits), a subclass of str, int, float, list,
+    tuple, dict (an OrderedDict apart) or set as the built-in value it equals, containers as they
+    are (a set or a dict in sorted order; a sequence's items past ``ITEMS`` in a digest), an
+    iterator's first ``ITEMS`` items, another object as its type and attributes, ``__slots__``
+    included; no address, in a repr or in a text."""
     kind = type(value)
     name = kind.__module__ + "." + kind.__qualname__
-    if value is None or kind in (bool, str):
+    if value is None or kind is bool:
         return value
-    if kind is int:
-        return ["number", str(value)]
-    if kind is float:
-        return ["number", str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)]
+    if isinstance(value, str):  # a str subclass compares as its text; an object's address in it is not kept
+        return without_addresses(str.__str__(value))
+    if isinstance(value, int):
+        return ["number", int.__repr__(value)]
+    if isinstance(value, float):  # as == compares a float with the int it equals, and near the last digits
+        number = float.__float__(value)
+        whole = number.is_integer() and abs(number) < 2**53
+        return ["number", str(int(number)) if whole else format(number, ".12g")]
     if kind is complex:
         return ["complex", repr(value)]
     if depth >= DEPTH:
         return ["deep", name]
     if isinstance(value, bytes | bytearray):
         return [name, bytes(value).hex()]
-    if isinstance(value, list | tuple | range) or name == "collections.deque":
+    if isinstance(value, range):  # described without being listed
         return [name, str(len(value)), [describe(item, depth + 1) for item in islice(value, ITEMS)]]
+    if isinstance(value, list | tuple) or name == "collections.deque":
+        # a namedtuple compares as the tuple it is; every item counts, those past ITEMS in a digest
+        base = next((each for each in (list, tuple) if isinstance(value, each)), kind)
+        items = [describe(item, depth + 1) for item in islice(value, ITEMS)]
+        rest = SHA(encoded([describe(item, depth + 1) for item in islice(value, ITEMS, None)]).encode()).hexdigest()
+        return [base.__module__ + "." + base.__qualname__, str(len(value)), items, rest]
     if isinstance(value, dict):
         pairs = [[describe(key, depth + 1), describe(item, depth + 1)] for key, item in islice(value.items(), ITEMS)]
-        # a dict in sorted order, as == compares them; an OrderedDict (an LRU's order) as it is kept
-        return [name, str(len(value)), sorted(pairs, key=encoded) if kind is dict else pairs]
-    if isinstance(value, set | frozenset):
+        if isinstance(value, ORDERED):  # an OrderedDict (an LRU's order) as it is kept
+            return [name, str(len(value)), pairs]
+        # any other dict (a Counter, a defaultdict) as the dict it equals, in sorted order, as == compares them
+        return ["builtins.dict", str(len(value)), sorted(pairs, key=encoded)]
+    if isinstance(value, set | frozenset):  # a set and a frozenset of the same items are ==
         items = [describe(item, depth + 1) for item in islice(value, ITEMS)]
-        return [name, str(len(value)), sorted(items, key=encoded)]
+        return ["builtins.set", str(len(value)), sorted(items, key=encoded)]
     if isinstance(value, BaseException):
         return [built_in_kind(value), describe(value.args, depth + 1)]
     if isinstance(value, NAMED):
@@ -208,9 +240,20 @@ def describe(value, depth: int = 0):
             items.append(["raised", built_in_kind(exc)])
         return [name, "iterator", items]
     state = getattr(value, "__dict__", None)
-    if isinstance(state, dict):
+    state = dict(state) if isinstance(state, dict) else {}
+    for owner in kind.__mro__:  # what __slots__ hold, which no __dict__ shows
+        slots = owner.__dict__.get("__slots__", ())
+        for slot in [slots] if isinstance(slots, str) else slots:
+            if type(slot) is str and slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
+                state.setdefault(slot, getattr(value, slot))
+    if state:
         return [name, describe({key: item for key, item in state.items() if type(key) is str}, depth + 1)]
     return [name, WITHOUT_ADDRESSES("0x", repr(value))[:1000]]
+
+
+def without_addresses(text: str) -> str:
+    """``text`` with the address of each object's default repr in it taken out."""
+    return ADDRESS_IN_TEXT(" at 0x", text) if " at 0x" in text else text
 
 
 def encoded(value) -> str:

@@ -143,3 +143,43 @@ def test_replayed_verdicts_are_the_same_graded_in_many_threads(tiny_domain, veri
     assert [verdict.solved for verdict in verdicts] == [True, False]
     assert "the original code answers" in verdicts[1].reason, verdicts[1].reason
     assert_same_verdicts_concurrently(tiny_domain, graded, threads=4, rounds=2)
+
+
+def test_a_description_compares_as_a_test_compares():
+    """Values ``==`` makes equal are described alike whatever their class (a right fix that returns a
+    Counter, a namedtuple, a str subclass, or a float from math.fsum is not refused), and what a test
+    would see differ is described apart: an item past the first 200, a slot, an object's repr text
+    without its address, an OrderedDict's order."""
+    import math
+    import statistics
+    from collections import Counter, OrderedDict, defaultdict, namedtuple
+
+    class Text(str):
+        pass
+
+    class Slotted:
+        __slots__ = ("a", "b")
+
+        def __init__(self, b):
+            self.a, self.b = 1, b
+
+    same = [
+        (Counter(a=2), {"a": 2}), (defaultdict(int, a=2), {"a": 2}), (Text("hi"), "hi"), (frozenset({1}), {1}),
+        (namedtuple("P", "x y")(1, 2), (1, 2)), (math.fsum([0.1] * 10), sum([0.1] * 10)), (True, True),
+        (statistics.fmean([1, 2, 4]), 7 / 3), ("<Foo object at 0x7f00aa>", "<Foo object at 0x55bb01>"),
+    ]  # fmt: skip
+    for one, other in same:
+        assert replayer.describe(one) == replayer.describe(other), (one, other)
+    apart = [
+        (list(range(300)), [*range(299), 0]), (Slotted([1]), Slotted([2])), ([1, 2], (1, 2)),
+        (OrderedDict(a=1, b=2), OrderedDict(b=2, a=1)), (0.1, 0.1000001), ("<Foo at 0x1>", "<Bar at 0x1>"),
+    ]  # fmt: skip
+    for one, other in apart:
+        assert replayer.describe(one) != replayer.describe(other), (one, other)
+
+
+def test_a_replay_described_otherwise_is_not_compared():
+    """A task verified by an older propel holds answers described otherwise: a fix is not judged on
+    them (the other layers judge it), rather than refused for a difference of description."""
+    assert Replay(answers=["a", ""], described=replayer.DESCRIBED).judged == 1
+    assert Replay(answers=["a", ""]).judged == 0  # recorded before the description was numbered
