@@ -104,20 +104,34 @@ def test_a_solver_that_reverts_the_bug_solves_it(tiny_domain):
     assert verdict.solved is True, verdict.reason
 
 
-def test_verdicts_are_the_same_idle_and_at_4x_oversubscription(tiny_domain):
-    """A real bug, a no-op bug, the bug's revert and an attempt that does nothing, judged idle and
-    beside eight CPU hogs on two cores (in a session of their own): the same verdicts, as the
-    sandbox judges every run by its CPU and own time (docs/sandbox.md, "Time")."""
+def test_verdicts_are_the_same_idle_and_at_4x_oversubscription(tiny_domain, monkeypatch):
+    """A real bug, a no-op bug, the bug's revert, an attempt that does nothing, a fix that loops for
+    ever and one that sleeps, judged idle and beside eight CPU hogs on two cores (in a session of their
+    own): the same verdicts, as the sandbox judges every run by its CPU and own time (docs/sandbox.md,
+    "Time"). The least limits are lowered (a test's to 1 s, the suite's to 8 s) to keep it short."""
     from propel_core.testing import assert_same_verdicts_under_load
+    from propel_swe import verifier
+
+    monkeypatch.setattr(verifier, "MIN_TEST_SECONDS", 1.0)
+    monkeypatch.setattr(verifier, "MIN_SUITE_SECONDS", 8.0)
 
     payload = {"repo": "tinystats", "diff": BUG, "turns": [], "failing_tests": ["tests/test_core.py::test_clamp"]}
     revert = fenced(
         "edit", "tinystats/core.py\n<<<<<<< SEARCH\n    if value > low:\n=======\n    if value > high:\n>>>>>>> REPLACE"
     )
+    stalled = {
+        "loops": "    while True:\n        pass\n",
+        "sleeps": "    import time\n\n    time.sleep(10**6)\n",
+    }
     attempts = {
         "the revert": tiny_domain.solver_episode(payload, scripted(revert, fenced("submit"))),
         "nothing": tiny_domain.solver_episode(payload, scripted(fenced("submit"))),
     }
+    for name, body in stalled.items():
+        edit = f"tinystats/core.py\n<<<<<<< SEARCH\n    if value > low:\n=======\n{body}    if value > high:\n>>>>>>> REPLACE"
+        attempts[f"the revert, then it {name}"] = tiny_domain.solver_episode(
+            payload, scripted(fenced("edit", edit), fenced("submit"))
+        )
 
     def judge(case):
         kind, text = case
@@ -130,7 +144,7 @@ def test_verdicts_are_the_same_idle_and_at_4x_oversubscription(tiny_domain):
     cases = {"a real bug": ("bug", BUG), "a no-op bug": ("bug", NO_OP_BUG)}
     cases |= {f"a fix: {name}": ("fix", text) for name, text in attempts.items()}
     found = assert_same_verdicts_under_load(judge, cases, per_core=4)
-    assert [found[name][0] for name in cases] == [True, False, True, False]
+    assert [found[name][0] for name in cases] == [True, False, True, False, False, False], found
 
 
 def test_a_solver_that_does_nothing_fails(tiny_domain):
