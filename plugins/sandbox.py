@@ -311,8 +311,8 @@ class LocalSandbox:
                 group.close()
             return SandboxResult("sandbox_error", detail=f"could not start: {exc}")
         launch.started()
-        clock = RunClock(time_limit, self.backstop, started=started)
-        stdout, stderr, stopped = self._collect(process, clock, group)
+        clock = RunClock(time_limit, self.backstop, started=started, judging_idle=False)
+        stdout, stderr, stopped = self._collect(process, clock, group, launch)
         self._kill(process)
         returncode = process.wait()
         oom = False
@@ -340,7 +340,7 @@ class LocalSandbox:
         return result
 
     def _collect(
-        self, process: subprocess.Popen, clock: RunClock, group: bounds.RunGroup | None
+        self, process: subprocess.Popen, clock: RunClock, group: bounds.RunGroup | None, launch: Launch
     ) -> tuple[bytes, bytes, tuple[str, str] | None]:
         """Read both pipes until the run exits, goes over its time (:class:`RunClock`: CPU time, own
         time, the wall-clock backstop) or over the output cap; say which stopped it, as (status, why)."""
@@ -354,6 +354,8 @@ class LocalSandbox:
                 selector.register(pipe, selectors.EVENT_READ)
             while True:
                 if clock.due():
+                    if launch.ready():  # bubblewrap's set-up is over: the program's own idle time counts
+                        clock.program_started()
                     if group is not None:
                         clock.sample(group.threads(), group.cpu_seconds())
                     else:
@@ -460,7 +462,7 @@ class Launch:
     def __init__(self, isolated: bool):
         self.isolated = isolated
         self.passed: tuple[int, ...] = ()
-        self._ready = -1
+        self._ready, self._said_ready = -1, False
         if isolated:
             self.seccomp, write = os.pipe()
             os.write(write, bounds.no_user_namespaces())
@@ -475,14 +477,16 @@ class Launch:
         self.passed = ()
 
     def ready(self) -> bool:
-        """Whether the run's own code started inside a capped namespace (always, without isolation)."""
-        if not self.isolated:
+        """Whether the run's own code started inside a capped namespace (always, without isolation);
+        asked again, the same answer once it is yes."""
+        if not self.isolated or self._said_ready:
             return True
         os.set_blocking(self._ready, False)  # a process that outlived its run must not hang the harness
         try:
-            return os.read(self._ready, 16) == b"ready\n"
-        except BlockingIOError:
+            self._said_ready = os.read(self._ready, 16) == b"ready\n"
+        except (BlockingIOError, OSError):
             return False
+        return self._said_ready
 
     def __enter__(self) -> Launch:
         return self

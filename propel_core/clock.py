@@ -48,12 +48,13 @@ def scheduling() -> tuple[int, int, frozenset[int]]:
     return os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), frozenset(os.sched_getaffinity(0))
 
 
-def thread_state(tid: int, start: tuple[int, int, frozenset[int]]) -> tuple[bool, float, float, bool] | None:
+def thread_state(
+    tid: int, start: tuple[int, int, frozenset[int]]
+) -> tuple[bool, float, float, bool, frozenset[int]] | None:
     """(whether it is running or ready to run, seconds on a CPU, seconds waiting for one, whether it
-    slowed itself down) of thread ``tid``, or None if it is gone. A thread slows itself down when,
-    against what its run started with (``start``, from :func:`scheduling`), it lowers its priority (a
-    higher nice, its session's autogroup niced, the batch or idle policy) or narrows the CPUs it may
-    run on: it then waits for a CPU by its own doing."""
+    lowered its priority, the CPUs it may run on) of thread ``tid``, or None if it is gone. A thread
+    lowers its priority when, against what its run started with (``start``, from :func:`scheduling`),
+    it takes a higher nice, its session's autogroup is niced or it takes the batch or idle policy."""
     try:
         stat = Path(f"/proc/{tid}/stat").read_bytes()
         fields = stat[stat.rindex(b")") + 2 :].split()
@@ -64,10 +65,12 @@ def thread_state(tid: int, start: tuple[int, int, frozenset[int]]) -> tuple[bool
     except (OSError, ValueError):  # a kernel without scheduler statistics: user + system time, no wait
         on_cpu, waiting = (int(fields[11]) + int(fields[12])) / TICKS, 0.0
     nice, policy, cpus = start
-    slowed = int(fields[16]) > nice or (int(fields[38]) in LOW_POLICIES and int(fields[38]) != policy)
+    lowered = int(fields[16]) > nice or (int(fields[38]) in LOW_POLICIES and int(fields[38]) != policy)
+    allowed = cpus
     with contextlib.suppress(OSError):
-        slowed = slowed or not cpus <= os.sched_getaffinity(tid) or b" nice 0" not in _autogroup(tid)
-    return fields[0] == b"R", on_cpu, waiting, slowed
+        lowered = lowered or b" nice 0" not in _autogroup(tid)
+        allowed = frozenset(os.sched_getaffinity(tid))
+    return fields[0] == b"R", on_cpu, waiting, lowered, allowed
 
 
 def _autogroup(tid: int) -> bytes:
@@ -95,7 +98,9 @@ class RunClock:
     idle: float = 0.0
     waited: float = 0.0
     wall: float = 0.0
-    #: whether a reading found a thread that slowed itself down (``thread_state``)
+    #: whether a reading found the run slowed down by its own doing: a thread that lowered its
+    #: priority, or its threads together allowed fewer CPUs than it started with (one thread pinned
+    #: to each CPU, as OMP_PROC_BIND does, is not that)
     slowed: bool = False
     _threads: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
     _gone: tuple[float, float] = (0.0, 0.0)
@@ -105,6 +110,15 @@ class RunClock:
     _draw: random.Random = field(default_factory=random.Random, repr=False)
     #: the scheduling a run started with (the caller's, made where the caller starts the run)
     start: tuple[int, int, frozenset[int]] = field(default_factory=scheduling, repr=False)
+
+    #: whether stretches with no runnable thread count as idle yet: not while the caller sets the run
+    #: up (a sandbox's namespaces), only from :meth:`program_started`
+    judging_idle: bool = True
+
+    def program_started(self) -> None:
+        """The run's own code starts now: idle time counts from here, what came before was set-up."""
+        if not self.judging_idle:
+            self.judging_idle, self._last = True, time.monotonic()
 
     def begin(self, tids: Iterable[int]) -> RunClock:
         """Start the clocks now for threads that already ran (a worker serving one request after
@@ -129,17 +143,19 @@ class RunClock:
         thread seen before keeps its last reading when it has gone, so what it used and waited counts.
         Given no thread (the run has ended), the stretch since the last reading is not judged idle."""
         now = time.monotonic()
-        runnable, read = False, False
+        runnable, read, allowed = False, False, frozenset()
         for tid in tids:
             found = thread_state(tid, self.start)
             if found is None:
                 continue
             read, runnable, self.slowed = True, runnable or found[0], self.slowed or found[3]
+            allowed |= found[4]
             before = self._threads.get(tid)
             if before is not None and found[1] < before[0]:  # the tid was reused: the old thread is done
                 self._gone = (self._gone[0] + before[0], self._gone[1] + before[1])
             self._threads[tid] = found[1:3]
-        if read and not runnable:
+        self.slowed = self.slowed or (read and not self.start[2] <= allowed)
+        if read and not runnable and self.judging_idle:
             self.idle += now - (self.started if self._last is None else self._last)
         self._last, self.wall = now, now - self.started
         self._next = now + SAMPLE_EVERY * self._draw.uniform(0.6, 1.4)
