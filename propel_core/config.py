@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import typing
 from pathlib import Path
@@ -120,8 +121,8 @@ class ModelConfig(Section):
         path = model is not None and (model.startswith(("/", "./", "../", "~")) or model.count("/") > 1)
         if path and not Path(model).expanduser().exists():
             raise ValueError(
-                f"{model} does not exist; a local model is a folder (or a .gguf file) that is there when the "
-                "config is read, a Hugging Face id is owner/name"
+                f"model {os.path.normpath(model)} does not exist; give a local model folder, a .gguf file or a "
+                "Hugging Face hub id (owner/name)"
             )
         return model
 

@@ -59,9 +59,13 @@ def hold(run_dir: Path) -> None:
 
 
 def release(run_dir: Path) -> None:
-    """Let go of ``run_dir`` if this process holds it (the lock file stays, naming its last holder)."""
+    """Let go of ``run_dir`` if this process holds it. The lock file stays, emptied: a command that
+    ended names no holder, so two runs of one seed leave the same files (one killed leaves its line,
+    which names no holder once its lock is gone)."""
     handle = _held.pop(Path(run_dir).resolve(), None)
     if handle is not None:
+        handle.seek(0)
+        handle.truncate()
         handle.close()
 
 

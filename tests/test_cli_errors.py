@@ -52,13 +52,18 @@ def assert_one_line_error(result, *parts):
 
 @pytest.mark.parametrize("model", ["/nonexistent/model", "./no/such/model", "missing.gguf"])
 def test_missing_model_path(propel_cli, tmp_path, model):
+    """A model named by a path is refused when the config is read, before the stage writes anything;
+    a name that is no path (``missing.gguf``) when the stage looks for it, in one line."""
     config = arithmetic_config(tmp_path, tmp_path / "run")
     result = propel_cli("-q", "generate", str(config), f"generator.model={model}", check=False)
-    assert_one_line_error(
-        result,
-        f"model {os.path.normpath(model)} does not exist",
-        "give a local model folder, a .gguf file or a Hugging Face hub id",
-    )
+    said = f"model {os.path.normpath(model)} does not exist"
+    hint = "give a local model folder, a .gguf file or a Hugging Face hub id"
+    if "/" in model:
+        assert result.returncode == 1 and "invalid config:" in result.stderr, result.stderr
+        assert f"generator.model = '{model}'" in result.stderr and said in result.stderr and hint in result.stderr
+        assert not (tmp_path / "run" / "tasks.jsonl").exists() and not (tmp_path / "run" / "config.yaml").exists()
+    else:
+        assert_one_line_error(result, said, hint)
 
 
 def test_a_component_that_refuses_its_options_is_one_line(propel_cli, tmp_path):

@@ -372,7 +372,7 @@ def test_a_local_model_path_that_is_not_there_is_refused_when_the_config_is_read
     """A model named by a path must exist when the config is read (propel config says so before any
     stage starts or writes a file); a Hugging Face id (owner/name) and a path that is there pass."""
     missing = tmp_path / "no-such-model"
-    with pytest.raises(ConfigError, match=rf"generator\.model = '{missing}': .*{missing} does not exist"):
+    with pytest.raises(ConfigError, match=rf"generator\.model = '{missing}': .*model {missing} does not exist"):
         validate_config({"domain": {"name": "countdown"}, "generator": {"model": str(missing)}}, propel_registry)
     with pytest.raises(ConfigError, match=r"solver\.model = './nowhere/model'"):
         validate_config({"domain": {"name": "countdown"}, "solver": {"model": "./nowhere/model"}}, propel_registry)
