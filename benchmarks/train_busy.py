@@ -24,7 +24,6 @@ CPU seconds at one thread (its work) over that share; printed as the step's time
 """
 
 import argparse
-import importlib
 import os
 import statistics
 import subprocess
@@ -37,6 +36,7 @@ os.environ.pop("OMP_NUM_THREADS", None)  # torch's default must be its own: read
 os.environ.pop("MKL_NUM_THREADS", None)
 
 import torch
+from demo_training import train_demo
 from timing import ratio, report
 
 DEFAULT = torch.get_num_threads()
@@ -153,13 +153,6 @@ class Bench:
 
 def train_steps(steps: int, bench: Bench) -> None:
     """The train stage on the demo config for ``steps`` steps, with ``bench``'s callback."""
-    from propel_core.embedded import EMBEDDED_MODEL_ID
-    from propel_core.plans import load_config
-    from propel_core.plugins import Registry
-    from propel_core.probes.bundles import save_bundle
-    from propel_core.probes.heads import TrainedProbe
-    from propel_core.records import ProbeBundle
-    from propel_core.run import Run
     from propel_core.training import generator
 
     saving = getattr(generator.train_and_save, "saving", generator.train_and_save)  # patched once
@@ -170,29 +163,9 @@ def train_steps(steps: int, bench: Bench) -> None:
 
     train_and_save.saving = saving
     generator.train_and_save = train_and_save
-    registry = Registry.build()
     with tempfile.TemporaryDirectory() as tmp:
-        demo = Path(generator.__file__).parent.parent / "configs" / "demo.yaml"
-        overrides = [f"run_dir={tmp}", f"train.steps={steps}", "train.audit.every=0", "checkpoint.every=1000"]
-        config = load_config(demo, overrides, registry)
-        head = registry.get("probe_architectures", "linear")(576)
-        save_bundle(
-            Path(tmp) / "probes" / "selected",
-            TrainedProbe(head, torch.zeros(576), torch.ones(576), 0),
-            ProbeBundle(
-                reference_model=EMBEDDED_MODEL_ID,
-                layer=15,
-                pooling="last_token",
-                architecture="linear",
-                input_dim=576,
-                max_length=2048,
-                training_rows=0,
-                lowest_valid_logit=0.0,  # no corpus: an untrained head, taken to give valid tasks 0 or more
-            ),
-        )
-        train_stage = importlib.import_module("propel_core.stages.train")  # the package's `train` is the stage
         try:
-            train_stage.train(Run(config, registry, quiet=True))
+            train_demo(Path(tmp), steps, "train.audit.every=0", "checkpoint.every=1000")
         finally:
             bench.unhook()
 

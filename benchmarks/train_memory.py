@@ -16,10 +16,11 @@ step and the trainer's bookkeeping), so each phase gets its own peak.
 
 import argparse
 import functools
-import importlib
 import tempfile
 import threading
 from pathlib import Path
+
+from demo_training import train_demo
 
 
 def rss() -> tuple[float, float]:
@@ -44,13 +45,6 @@ def main() -> None:
     import trl  # noqa: F401
     from transformers import TrainerCallback
 
-    from propel_core.embedded import EMBEDDED_MODEL_ID
-    from propel_core.plans import load_config
-    from propel_core.plugins import Registry
-    from propel_core.probes.bundles import save_bundle
-    from propel_core.probes.heads import TrainedProbe
-    from propel_core.records import ProbeBundle
-    from propel_core.run import Run
     from propel_core.training import generator, generator_reward
 
     mark("torch, transformers, trl, peft imported")
@@ -123,27 +117,8 @@ def main() -> None:
 
     sampler = threading.Thread(target=sample, daemon=True)
 
-    registry = Registry.build()
     with tempfile.TemporaryDirectory() as tmp:
-        demo = Path(generator.__file__).parent.parent / "configs" / "demo.yaml"
-        config = load_config(demo, [f"run_dir={tmp}", f"train.steps={steps}"], registry)
-        head = registry.get("probe_architectures", "linear")(576)
-        save_bundle(
-            Path(tmp) / "probes" / "selected",
-            TrainedProbe(head, torch.zeros(576), torch.ones(576), 0),
-            ProbeBundle(
-                reference_model=EMBEDDED_MODEL_ID,
-                layer=15,
-                pooling="last_token",
-                architecture="linear",
-                input_dim=576,
-                max_length=2048,
-                training_rows=0,
-                lowest_valid_logit=0.0,  # no corpus: an untrained head, taken to give valid tasks 0 or more
-            ),
-        )
-        train_stage = importlib.import_module("propel_core.stages.train")  # the package's `train` is the stage
-        train_stage.train(Run(config, registry, quiet=True))
+        train_demo(Path(tmp), steps)
         sampling.set()
     mark("train stage returned")
 

@@ -168,3 +168,26 @@ def planted_probe(tmp_path_factory, planted_run, one_cell_run):
     extract(run)
     probe(run)
     return folder
+
+
+@pytest.fixture(scope="module")
+def azr_reference():
+    """AZR (the sandbox's time limit 1 s, its backstop 5 s) and the payload of a valid task, f(xs) =
+    max(xs) - min(xs) on ten inputs, checked by its validity (which records the outputs a grader
+    compares): where the clock's attack tests grade a hostile answer."""
+    from propel_core.plugins import Registry
+    from propel_core.records import Task, Validity
+
+    registry = Registry.build()
+    if registry.get("sandboxes", "local")().missing_layers():
+        pytest.skip("needs bubblewrap and root")
+    from propel_azr.plugin import check_execution
+
+    domain = registry.domain("azr", sandbox_options={"time_limit": 1.0, "memory_mb": 256, "backstop": 5})
+    code = "def f(xs):\n    return max(xs) - min(xs) if xs else 0\n"
+    payload = {"code": code, "inputs": [[[i, i * i % 7, 3]] for i in range(10)], "message": "hint"}
+    task = Task(
+        id="a", domain="azr", context_id="c", generation="", payload=payload, validity=Validity.ok(), generator="m"
+    )
+    assert check_execution(task, domain).valid
+    return domain, task.payload

@@ -183,25 +183,11 @@ def test_a_run_that_starves_itself_beside_light_load_is_not_overloaded():
     assert result.status != "sandbox_error", result.detail
 
 
-def test_an_azr_answer_cannot_make_itself_ungradable_beside_light_load():
-    from propel_core.plugins import Registry
-    from propel_core.records import Task, Validity
-
-    registry = Registry.build()
-    if registry.get("sandboxes", "local")().missing_layers():
-        pytest.skip("needs bubblewrap and root")
-    from propel_azr.plugin import check_execution
-
-    domain = registry.domain("azr", sandbox_options={"time_limit": 1.0, "memory_mb": 256, "backstop": 5})
-    code = "def f(xs):\n    return max(xs) - min(xs) if xs else 0\n"
-    payload = {"code": code, "inputs": [[[i, i * i % 7, 3]] for i in range(10)], "message": "hint"}
-    task = Task(
-        id="a", domain="azr", context_id="c", generation="", payload=payload, validity=Validity.ok(), generator="m"
-    )
-    assert check_execution(task, domain).valid
+def test_an_azr_answer_cannot_make_itself_ungradable_beside_light_load(azr_reference):
+    domain, payload = azr_reference
     # the model does not know f: rather than answer wrong (reward 0) it makes the attempt ungradable
     starve = "".join(f"    {line}\n" for line in STARVE_ME.splitlines())
     answer = f"def f(xs):\n{starve}    while True:\n        pass\n"
     with one_hog():
-        verdict = domain.grade(task.payload, f"```python\n{answer}```")
+        verdict = domain.grade(payload, f"```python\n{answer}```")
     assert verdict.solved is False, (verdict.solved, verdict.reason)

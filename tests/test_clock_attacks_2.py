@@ -121,30 +121,16 @@ def test_a_program_cannot_forge_overloaded(sandbox, name):
     assert (result.status, wall < SOON) == ("timeout", True), (name, result.status, result.detail, wall)
 
 
-def test_an_azr_answer_with_many_spinning_threads_is_not_ungradable():
+def test_an_azr_answer_with_many_spinning_threads_is_not_ungradable(azr_reference):
     """AZR's grader: an answer that spins in twelve threads (``waited`` summed over them is five times
     their CPU time) is a failure, not an ungradable attempt."""
-    from propel_core.plugins import Registry
-    from propel_core.records import Task, Validity
-
-    registry = Registry.build()
-    if registry.get("sandboxes", "local")().missing_layers():
-        pytest.skip("needs bubblewrap and root")
-    from propel_azr.plugin import check_execution
-
-    domain = registry.domain("azr", sandbox_options={"time_limit": 1.0, "memory_mb": 256, "backstop": 5})
-    code = "def f(xs):\n    return max(xs) - min(xs) if xs else 0\n"
-    payload = {"code": code, "inputs": [[[i, i * i % 7, 3]] for i in range(10)], "message": "hint"}
-    task = Task(
-        id="a", domain="azr", context_id="c", generation="", payload=payload, validity=Validity.ok(), generator="m"
-    )
-    assert check_execution(task, domain).valid
+    domain, payload = azr_reference
     answer = (
         "def f(xs):\n    import threading\n    threading.stack_size(65536)\n    for _ in range(12):\n"
         "        threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()\n"
         "    while True:\n        pass\n"
     )
-    verdict = domain.grade(task.payload, f"```python\n{answer}```")
+    verdict = domain.grade(payload, f"```python\n{answer}```")
     assert verdict.solved is False, (verdict.solved, verdict.reason)
 
 
