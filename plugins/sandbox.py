@@ -79,6 +79,9 @@ class SandboxResult:
     cpu_seconds: float = 0.0
     #: seconds its threads were ready to run and waited for a CPU (the machine's load, not the run)
     wait_seconds: float = 0.0
+    #: what its time limit was judged on: CPU time plus idle time (``RunClock.own``); None where no
+    #: clock judged it (a result made without running anything)
+    own_seconds: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -191,4 +191,5 @@ class RunClock:
 
     def times(self) -> dict[str, float]:
         """The run's clocks, rounded, for a result's record."""
-        return {"cpu_seconds": round(self.cpu, 3), "wait_seconds": round(self.waited, 3)}
+        clocks = {"cpu_seconds": self.cpu, "wait_seconds": self.waited, "own_seconds": self.own}
+        return {name: round(seconds, 3) for name, seconds in clocks.items()}
