@@ -203,16 +203,20 @@ def run(ctx: click.Context, arguments: tuple[str, ...], redo_ungradable: bool) -
 @cli.command("config", context_settings={"ignore_unknown_options": True})
 @click.argument("arguments", nargs=-1, metavar="CONFIG... [KEY=VALUE]...")
 def print_config(arguments: tuple[str, ...]) -> None:
-    """Print the resolved, validated config and run nothing.
+    """Print the resolved, validated config, then (on stderr) what it will spend; run nothing.
 
     Reads the CONFIG files, merged in order (later ones win), then the key=value OVERRIDES."""
     from propel_core.config import dump_config
-    from propel_core.plans import load_config
+    from propel_core.estimate import estimate, estimate_lines
+    from propel_core.plans import load_config, plans_of
     from propel_core.plugins import Registry
 
     configs, overrides = split_arguments(arguments)
     registry = Registry.build(PLUGIN_MANAGER)
-    click.echo(dump_config(load_config(configs, overrides, registry), registry), nl=False)
+    config = load_config(configs, overrides, registry)
+    click.echo(dump_config(config, registry), nl=False)
+    # on stderr: stdout stays the config, which reads back and is what RUN/config.yaml keeps
+    click.echo("\n".join(estimate_lines(estimate(config, plans_of(config), registry))), err=True)
 
 
 @cli.command("check", context_settings={"ignore_unknown_options": True})
