@@ -1,6 +1,7 @@
-"""Context samplers: ``uniform`` (every context equally likely) and ``progress`` (the progress-aware
+"""Context samplers: ``uniform`` (every context equally likely), ``progress`` (the progress-aware
 sampling study, sections 3.2-3.3: buckets scored by learning progress and reward variance, mixed
-with a coverage prior)."""
+with a coverage prior) and ``trace`` (another sampler's contexts, each with a trace of recently
+attempted tasks and their outcomes: the paper's future work, section 8)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,20 @@ import math
 import random
 import statistics
 from collections import defaultdict
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, Field
 
 from propel_core import Context, hookimpl
+from propel_core.records import Label, Task, iter_jsonl
 
 
 @hookimpl
 def register_context_samplers(register):
-    register("uniform", UniformSampler)
-    register("progress", ProgressSampler)
+    for name, sampler in INNER.items():
+        register(name, sampler)
+    register("trace", TraceSampler)
 
 
 class UniformSampler:
@@ -143,6 +150,103 @@ class ProgressSampler:
             "buckets_with_data": len(self.short),
             "degenerate_groups": self.degenerate_rate,
         }
+
+
+INNER = {"uniform": UniformSampler, "progress": ProgressSampler}
+
+#: the trace's groups of tasks, by the solve rate of each one's label against that label's band
+GROUPS = ("mastered", "in band", "failed")
+
+
+def _labels_file(path: str) -> str:
+    """The trace option read when the config is: a labels file that is there, not empty, with the tasks
+    it labels beside it."""
+    labels = Path(path)
+    if not labels.is_file():
+        raise ValueError(
+            f"no labels file {path} (the trace is read from a labels.jsonl with its tasks.jsonl beside it; "
+            "a relative path is read from the working directory, as run_dir is)"
+        )
+    if labels.stat().st_size == 0:
+        raise ValueError(f"{path} is empty: no attempted tasks to show the generator (label a run first)")
+    if not (labels.parent / "tasks.jsonl").is_file():
+        raise ValueError(f"no tasks.jsonl beside {path}: the trace shows each labeled task's text from it")
+    return path
+
+
+LabelsFile = Annotated[str, AfterValidator(_labels_file)]
+Positive = Annotated[int, Field(gt=0)]
+
+
+class TraceSampler:
+    """The contexts of ``inner`` (``uniform`` or ``progress``, with ``inner_options``; fed back as it
+    is), each with a trace of recently attempted tasks and their outcomes, which the core shows the
+    generator at the end of its prompt (``Context.trace``): the generator told what the solver has
+    mastered.
+
+    The tasks come from the labels file ``trace`` (a labels.jsonl, its tasks.jsonl beside it: the last
+    round's), each graded label in a group by its solve rate against its own band: ``mastered`` (above
+    the band), ``in band``, ``failed`` (below it). Each context's trace is ``size`` of them drawn anew
+    (seeded, apart from ``inner``'s draws, so the contexts are the ones ``inner`` alone gives) from the
+    groups in turn, so every group with tasks is shown; then listed from the highest solve rate down,
+    one a line: ``solved 6/8: <the task's text, cut to chars characters>``.
+    """
+
+    component_options: ClassVar[dict[str, tuple[str, str]]] = {"inner_options": ("context_samplers", "inner")}
+
+    def __init__(
+        self,
+        contexts: list[Context],
+        seed: int,
+        trace: LabelsFile,
+        inner: Literal["uniform", "progress"] = "uniform",
+        inner_options: dict[str, Any] | None = None,
+        size: Positive = 6,
+        chars: Positive = 160,
+    ):
+        self.inner = INNER[inner](contexts, seed, **(inner_options or {}))
+        self.groups = _attempted(Path(_labels_file(trace)), chars)
+        self.size = size
+        self.rng = random.Random(f"{seed}:trace")
+
+    def sample(self, n: int) -> list[Context]:
+        return [context.model_copy(update={"trace": self.trace()}) for context in self.inner.sample(n)]
+
+    def trace(self) -> str:
+        """``size`` tasks drawn from the groups in turn, from the highest solve rate down, one a line."""
+        left = {name: self.rng.sample(entries, len(entries)) for name, entries in self.groups.items()}
+        drawn: list[tuple[float, str]] = []
+        while len(drawn) < self.size and any(left.values()):
+            drawn += [left[name].pop() for name in GROUPS if left[name]][: self.size - len(drawn)]
+        return "\n".join(line for _, line in sorted(drawn, key=lambda entry: -entry[0]))
+
+    def update(self, contexts: list[Context], rewards: list[float]) -> None:
+        self.inner.update(contexts, rewards)
+
+    def diagnostics(self) -> dict:
+        """``inner``'s diagnostics (where it offers any) and how many tasks the trace draws from per group."""
+        found = self.inner.diagnostics() if hasattr(self.inner, "diagnostics") else {}
+        return found | {"trace_tasks": {name: len(entries) for name, entries in self.groups.items()}}
+
+
+def _attempted(labels: Path, chars: int) -> dict[str, list[tuple[float, str]]]:
+    """Per group, each graded label's solve rate and trace line; refused when none has a task to show."""
+    tasks = labels.parent / "tasks.jsonl"
+    texts = {task.id: task.text for task in iter_jsonl(tasks, Task) if task.text}
+    groups: dict[str, list[tuple[float, str]]] = {name: [] for name in GROUPS}
+    for label in iter_jsonl(labels, Label):
+        if label.solve_rate is None or label.task_id not in texts:
+            continue
+        low, high = label.band
+        group = "mastered" if label.solve_rate > high else "failed" if label.solve_rate < low else "in band"
+        text = texts[label.task_id]
+        text = " ".join((" ".join(text) if isinstance(text, list) else text).split())
+        text = text if len(text) <= chars else text[: chars - 1] + "…"
+        solved = round(label.solve_rate * label.valid_attempts)
+        groups[group].append((label.solve_rate, f"solved {solved}/{label.valid_attempts}: {text}"))
+    if not any(groups.values()):
+        raise ValueError(f"{labels} holds no graded label of a task in {tasks}: no attempted task to show")
+    return groups
 
 
 def _bucket(context: Context, buckets: str | int, seed: int) -> str:

@@ -323,13 +323,20 @@ def register_context_samplers(register):
     every update: with each step of ``train/reward_log.jsonl`` and ``solve/NAME/reward_log.jsonl``
     (key ``sampler``).
 
+    A sampler may return a context with a ``trace`` (text: how the solver did on recently attempted
+    tasks, one a line): the core shows it to the generator at the end of the last user message of
+    the domain's ``generator_prompt``, after a fixed line (``propel_core.worker.TRACE_PREAMBLE``), in
+    every generation and training prompt, so no domain reads it itself; in a multi-turn episode it
+    stays in that message every turn. Everything else of the context is the domain's to read.
+
     ```python
     @hookimpl
     def register_context_samplers(register):
         register("first_only", FirstOnly)  # FirstOnly(contexts, seed)
     ```
 
-    Built in: ``uniform`` and ``progress`` (the progress-aware sampling study; see [docs/config.md](config.md)).
+    Built in: ``uniform``, ``progress`` (the progress-aware sampling study) and ``trace`` (either of
+    them, each context with a trace of the last round's labeled tasks); see [docs/config.md](config.md).
     """
 
 

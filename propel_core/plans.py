@@ -256,6 +256,12 @@ def solver_plan(config: PropelConfig) -> SolverPlan:
         raise ConfigError(
             f"solve_train.baseline names this run itself ({options.name!r}): name another solve run to compare with"
         )
+    if options.context_sampler == "trace":
+        raise ConfigError(
+            "solve_train.context_sampler: trace conditions the generator's prompt on attempted tasks, and "
+            "solve-train's prompts are the solver's (the tasks themselves), which show no trace; "
+            "choose uniform or progress"
+        )
     return SolverPlan(
         folder=config.run_dir / "solve" / options.name,
         options=options,

@@ -148,6 +148,11 @@ class Context(Record):
     id: str = Field(description="unique within the domain; tasks name it (``context_id``)")
     data: dict[str, Any] = Field(description="what the domain's generator_prompt reads (examples, a seed, a repo)")
     bucket: str | None = Field(None, description="group for progress-aware sampling")
+    trace: str | None = Field(
+        None,
+        description="how the solver did on recently attempted tasks, one line each, set by a sampler (``trace``); "
+        "the core shows it at the end of the generator prompt's last user message (``worker.traced``)",
+    )
 
 
 class Validity(Record):

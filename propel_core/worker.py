@@ -25,6 +25,42 @@ log = logging.getLogger("propel")
 Generate = Callable[..., list[list[str]]]
 
 
+#: what the generator reads before a context's trace (``Context.trace``)
+TRACE_PREAMBLE = "How the solver did on tasks attempted recently (solved / graded attempts: the task):"
+
+
+def traced(messages: Messages, trace: str | None, at: int | None = None) -> Messages:
+    """``messages`` with ``trace`` (a context's; None: none) after ``TRACE_PREAMBLE`` at the end of
+    message ``at`` (None: the last user message): how every domain's generator prompt shows what the
+    solver has mastered, the domain unchanged."""
+    if trace is None:
+        return messages
+    at = last_user_message(messages) if at is None else at
+    shown = dict(messages[at], content=f"{messages[at]['content']}\n\n{TRACE_PREAMBLE}\n{trace}")
+    return [*messages[:at], shown, *messages[at + 1 :]]
+
+
+def tracing(reply: Reply, trace: str) -> Reply:
+    """``reply`` showing ``trace`` in every turn's conversation, always in the message that was the
+    first turn's last user message, so a multi-turn episode's history keeps its first prompt as the
+    model first read it."""
+    at: int | None = None
+
+    def traced_reply(messages: Messages) -> str:
+        nonlocal at
+        at = last_user_message(messages) if at is None else at
+        return reply(traced(messages, trace, at))
+
+    return traced_reply
+
+
+def last_user_message(messages: Messages) -> int:
+    users = [i for i, message in enumerate(messages) if message["role"] == "user"]
+    if not users:
+        raise PropelError("the generator prompt has no user message to show the context's trace in")
+    return users[-1]
+
+
 def model_reply(generate: Generate, sampling: Sampling, seed: int) -> Reply:
     """A ``Reply`` that asks the model for one completion of the conversation per turn; turn ``i`` is
     seeded ``seed + i``, so an episode replays exactly. The reply includes the prompt's prefill, and
@@ -106,6 +142,8 @@ class Worker:
         if isinstance(job, Episode):
             sampling = sampling.model_copy(update={"stop": generation_stop(domain, sampling)})
         reply = model_reply(generate or self.generate, sampling, job.seed)
+        if isinstance(job, Episode) and job.context.trace is not None:
+            reply = tracing(reply, job.context.trace)
         if isinstance(job, Attempt):
             payload = job.task.payload
             try:

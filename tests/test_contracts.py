@@ -15,13 +15,20 @@ from propel_core.contracts import (
     reads_probe,
 )
 from propel_core.errors import PropelError
-from propel_core.records import Context
+from propel_core.records import Context, JsonlWriter, Label, SolverAttempt, Task, Validity
 
 
-def test_the_built_ins_meet_their_contracts(propel_registry):
+def test_the_built_ins_meet_their_contracts(propel_registry, tmp_path):
     contexts = [Context(id=str(i), data={}, bucket=str(i % 2)) for i in range(4)]
+    task = Task(id="t0", domain="d", context_id="0", generation="", text="1 + 1", validity=Validity.ok(), generator="m")
+    attempt = SolverAttempt(text="2", solved=True)
+    with JsonlWriter(tmp_path / "tasks.jsonl") as tasks, JsonlWriter(tmp_path / "labels.jsonl") as labels:
+        tasks.write(task)
+        labels.write(Label.from_attempts("t0", [attempt], (0.0, 0.5), 1))
+    options = {"trace": {"trace": str(tmp_path / "labels.jsonl")}}  # the last round's labels
     for name in propel_registry.names("context_samplers"):
-        assert isinstance(propel_registry.context_sampler(name, contexts, 0), ContextSampler)
+        sampler = propel_registry.context_sampler(name, contexts, 0, **options.get(name, {}))
+        assert isinstance(sampler, ContextSampler)
     for name in propel_registry.names("reward_rules"):
         rule = propel_registry.reward_rule(name, RewardConfig())
         assert isinstance(rule, RewardRule) and rule.needs

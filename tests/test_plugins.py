@@ -25,7 +25,7 @@ def test_builtins_register_by_kind(propel_registry):
     assert propel_registry.names("reward_rules") == REWARD_RULES
     assert "mean_last_50" in propel_registry.names("poolers")
     assert propel_registry.names("probe_architectures") == ["deep_mlp", "linear", "logistic", "mlp"]
-    assert propel_registry.names("context_samplers") == ["progress", "uniform"]
+    assert propel_registry.names("context_samplers") == ["progress", "trace", "uniform"]
 
 
 def test_every_kind_has_a_hook():

@@ -11,6 +11,7 @@ from propel_core.backend import prefill, prompt_text
 from propel_core.config import LoraConfig, ModelConfig
 from propel_core.embedded import resolve_model
 from propel_core.services import Services
+from propel_core.worker import traced
 
 # TRL reads ``model.is_gradient_checkpointing`` itself (trl/models/utils.py), which newer transformers
 # renamed and warns about at every step; nothing a caller passes avoids it, so only that one is hidden
@@ -96,15 +97,16 @@ def sampled_prompts(sampler, messages_of, tokenizer, chat_template: bool, model_
     """An endless dataset of prompts for a TRL trainer, each context drawn from ``sampler`` when the
     trainer asks for the next batch, so a sampler that learns from the last step's rewards
     (``progress``) shapes the next one. Prompts are the exact text the policy reads (TRL would close a
-    prefilled assistant message and open a new turn); ``prefill`` and ``context_id`` ride along for
-    the reward function; ``seen`` (when given) maps each prompt to its context, for multi-turn rollouts."""
+    prefilled assistant message and open a new turn), with the context's trace where it has one
+    (``worker.traced``); ``prefill`` and ``context_id`` ride along for the reward function; ``seen``
+    (when given) maps each prompt to its context, for multi-turn rollouts."""
     from datasets import IterableDataset
     from datasets.iterable_dataset import ExamplesIterable
 
     def rows():
         for index in itertools.count():
             (context,) = sampler.sample(1)
-            messages = messages_of(context)
+            messages = traced(messages_of(context), context.trace)
             text = prompt_text(tokenizer, messages, chat_template, model_id)
             if seen is not None:
                 seen[text] = context
