@@ -208,3 +208,38 @@ def refusals(run_dir: Path) -> dict[str, dict[str, Any]]:
         and isinstance(entry.get("blocks"), list)
         and all(isinstance(name, str) for name in entry["blocks"])
     }
+
+
+TIMINGS = "timings.json"
+
+
+def record_time(run_dir: Path, stage: str, seconds: float, ended: str) -> None:
+    """Add ``seconds`` of wall time to what ``stage`` has taken in this run folder (every run of it that
+    ended, however: ``finished``, ``refused``, ``failed`` or ``interrupted``, which ``ended`` says of
+    this one) in ``RUN/timings.json``, for ``propel report``. A process killed outright records
+    nothing. Best effort, as :func:`record_refusal`."""
+    path = Path(run_dir) / TIMINGS
+    with contextlib.suppress(OSError, ValueError):
+        found = stage_times(run_dir)
+        before = found.get(stage, {}).get("seconds", 0.0)
+        found[stage] = {"seconds": before + seconds, "ended": ended}
+        replace_whole(path, (json.dumps(found, indent=2) + "\n").encode())
+
+
+def stage_times(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """``stage -> {"seconds": float, "ended": str}`` as :func:`record_time` keeps them; an unreadable
+    file, or an entry of another shape, counts as none."""
+    path = Path(run_dir) / TIMINGS
+    try:
+        found = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {
+        stage: {"seconds": float(entry["seconds"]), "ended": entry["ended"]}
+        for stage, entry in found.items()
+        if isinstance(entry, dict)
+        and isinstance(entry.get("seconds"), int | float)
+        and isinstance(entry.get("ended"), str)
+    }

@@ -7,10 +7,11 @@ does each follow-up.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from propel_core.errors import PropelError
-from propel_core.provenance import record_refusal
+from propel_core.provenance import record_refusal, record_time
 from propel_core.ranks import DISTRIBUTED_STAGES, is_main, process_count
 from propel_core.run import Run
 from propel_core.stages.coevolve import coevolve
@@ -48,20 +49,30 @@ def run_stage(run: Run, name: str) -> None:
     the band, no valid tasks, a file made with other settings), the reason and the pipeline stages it
     holds up are kept in the run folder for ``propel report`` to show
     (:func:`propel_core.provenance.record_refusal`) before the error goes on; when it finishes, a
-    reason kept from before is dropped. Under a launch of several processes only the
-    ``DISTRIBUTED_STAGES`` run; any other refuses before it starts."""
+    reason kept from before is dropped. However it ends, its wall time is added to the stage's in
+    ``RUN/timings.json`` (:func:`propel_core.provenance.record_time`). Under a launch of several
+    processes only the ``DISTRIBUTED_STAGES`` run; any other refuses before it starts."""
     if process_count() > 1 and name not in DISTRIBUTED_STAGES:
         raise PropelError(
             f"`propel {name}` runs in one process, and accelerate launch started {process_count()}: run it "
             f"without accelerate launch (a launch of several runs {' and '.join(DISTRIBUTED_STAGES)})"
         )
+    started, ended = time.monotonic(), "interrupted"
     try:
         {**STAGES, **FOLLOW_UPS}[name](run)
+        ended = "finished"
     except PropelError as exc:
+        ended = "refused"
         order = list(STAGES)
         later = tuple(order[order.index(name) + 1 :]) if name in order else ()
         if is_main():  # the main process records refusals for all
             record_refusal(run.dir, name, str(exc), later)
         raise
+    except Exception:
+        ended = "failed"
+        raise
+    finally:
+        if is_main():
+            record_time(run.dir, name, time.monotonic() - started, ended)
     if is_main():
         record_refusal(run.dir, name, None)
