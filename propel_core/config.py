@@ -127,10 +127,16 @@ class ModelConfig(Section):
         return model
 
     @property
+    def simulated(self) -> bool:
+        """Whether no model answers in this role: its backend is not one of the model-loading ones (a
+        simulated solver, such as propel-arithmetic's ``arithmetic_skill``)."""
+        return self.backend not in ("transformers", "vllm", "openai")
+
+    @property
     def shown(self) -> str:
         """What a person is told runs this role: the model, or the backend where it is not one of the
         model-loading backends (a simulated solver names no model of its own)."""
-        if self.backend in ("transformers", "vllm", "openai"):
+        if not self.simulated:
             return self.model_id
         return f"{self.backend} backend" + (f" ({self.model})" if self.model else "")
 

@@ -119,6 +119,11 @@ def test_a_stop_rule_stops_training_with_one_line(tmp_path, bundle, capsys):
     assert len([s for s in steps if "step_time" in s]) < 12  # stopped early
     said = capsys.readouterr().out
     assert "training stopped after step" in said and "audit.stop_gap=0.001" in said
+    from propel_core.stages.report import banner_section, stage_states  # the report's banner says so too
+
+    train_line = banner_section(stage_states(run)).split("<b>train</b>: ", 1)[1].split("</li>", 1)[0]
+    assert train_line.startswith("stopped at step ") and " of 12 by an audit's stop rule" in train_line
+    assert train_line.endswith("to start over: <code>propel train CONFIG checkpoint.resume=false</code>")
 
 
 def test_kill_9_and_resume_neither_lose_nor_repeat_an_audit(tmp_path, bundle, propel_cli):

@@ -85,8 +85,9 @@ def test_the_tiny_config_runs_every_stage_and_repeats_from_its_seed(propel_cli, 
 
 
 #: what the logs of a training (TRL's ``train/log.jsonl`` and each checkpoint's ``trainer_state.json``,
-#: the audits' ``train/audit.jsonl`` and the best one's ``audit.json``) say of how long work took: the
-#: one thing two runs of one seed may write differently, left out of their digests
+#: the audits' ``train/audit.jsonl`` and the best one's ``audit.json``) and the stages' ``timings.json``
+#: say of how long work took: the one thing two runs of one seed may write differently, left out of
+#: their digests (and the report's wall-time cells, which show the stages' seconds)
 WALL_TIME = frozenset({"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "seconds"})
 
 
@@ -94,6 +95,7 @@ def digests(folder):
     """sha256 of every file under ``folder`` by relative path; of the training's logs, without WALL_TIME's keys."""
     import hashlib
     import json
+    import re
 
     def timeless(value):
         if isinstance(value, dict):
@@ -101,10 +103,12 @@ def digests(folder):
         return [timeless(item) for item in value] if isinstance(value, list) else value
 
     def content(path):
-        if path.name in ("trainer_state.json", "audit.json"):
+        if path.name in ("trainer_state.json", "audit.json", "timings.json"):
             return json.dumps(timeless(json.loads(path.read_text()))).encode()
         if path.name in ("log.jsonl", "audit.jsonl"):
             return "\n".join(json.dumps(timeless(json.loads(line))) for line in path.read_text().splitlines()).encode()
+        if path.name == "report.html":
+            return re.sub(r"<span class='seconds'>[^<]*</span>", "", path.read_text()).encode()
         return path.read_bytes()
 
     return {

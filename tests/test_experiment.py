@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -313,36 +312,13 @@ def test_the_report_leads_with_the_answer_and_folds_the_config(page):
     assert "&lt;span" not in text
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium is not installed (scripts/setup.sh)")
-def test_the_report_renders_in_a_browser_with_the_figure_on_the_first_screen(page, tmp_path):
+def test_the_report_renders_in_a_browser_with_the_figure_on_the_first_screen(page, tmp_path, chromium):
     """Chromium draws the page: the utility bars (a colour nothing else on the page uses) appear
     within its first 1,200 pixels."""
     from matplotlib.image import imread
 
     shot = tmp_path / "report.png"
-    subprocess.run(
-        [
-            "chromium",
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            # no profile of the machine's, and none of Chromium's own network traffic: on a machine with no
-            # route out, its lookups and connections at start stalled one CI run's screenshot past the limit
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--disable-quic",
-            f"--screenshot={shot}",
-            "--window-size=1000,1200",
-            page.as_uri(),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    chromium(page, f"--screenshot={shot}", "--window-size=1000,1200")
     pixels = imread(shot)[:, :, :3]
     assert pixels.shape[:2] == (1200, 1000)
     bars = (

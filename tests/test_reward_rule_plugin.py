@@ -88,7 +88,12 @@ def test_the_rule_that_trained_an_adapter_is_enforced_and_shown(example_reward_p
 
     propel_cli("-q", "report", cfg)
     page = (tmp_path / "report.html").read_text()
-    # what it paid an invalid and a cut-off generation: the paper's values, as it reads no logit
-    paid = "length_bonus {&quot;per_letter&quot;: 0.5}, r_bad -0.2, overflow reward 0"
-    assert f"Rewarded by <code>{paid}</code> (steps 0-1)." in page
+    # the rule in words (its docstring), its option, and what it paid an invalid and a cut-off generation:
+    # the paper's values, as it reads no logit
+    said = (
+        "Rewarded by the <code>length_bonus</code> rule at steps 1-2 of 2 planned: per_letter for each letter "
+        "of a valid task&#x27;s word, r_bad for an invalid one (options per_letter 0.5; it paid an invalid "
+        "generation r_bad -0.2 and a cut-off one overflow reward 0).</p>"
+    )
+    assert said in page
     assert "Completions of the last step (1), sampled" in page

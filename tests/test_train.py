@@ -551,7 +551,7 @@ def test_grpo_that_learns_nothing_says_so(trained_run, tmp_path, caplog):
     assert [entry["cut_off"] for entry in entries] == [1.0] * STALL_STEPS
     assert [entry["degenerate_groups"] for entry in entries] == [1.0] * STALL_STEPS
     assert [bool(entry.get("alarm")) for entry in entries] == [False] * (STALL_STEPS - 1) + [True]
-    assert "Alarm: train: in steps 1-" in training_section(tmp_path)
+    assert "Alarm: train: in steps 1-" in training_section(tmp_path, run.registry, STALL_STEPS)
     assert reward_never_moved(entries).startswith("the reward never moved: every completion")
     assert reward_never_moved(logged_steps(probed_run.dir / "train" / "reward_log.jsonl")) is None  # it moved
 

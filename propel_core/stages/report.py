@@ -1,27 +1,39 @@
 """report: one self-contained HTML page about the run -> ``RUN/report.html``.
 
-The page leads with the answer: utility per arm with its interval and a one-sentence verdict (from
-the frontier-shift experiment, ``benchmarks/frontier_shift.py``, when the run folder holds one; else
-from ``propel evaluate``). Then the evidence: the probe's quality on held-out rows (and, in an
-experiment, on each arm's own tasks), training curves, solve-count histograms, the data funnel and
-example tasks; the config comes last, folded. Every metric carries the rows it was measured on, and
-one measured on fewer than 30 says so. Pictures are embedded as data URIs, so the page can be mailed
-or attached as it is. A section whose stage has not run says which stage to run, and why it did not
-run where a stage refused (``RUN/refusals.json``, kept by :func:`propel_core.provenance.record_refusal`).
+The page answers two questions for any run, finished or stopped early: did the probe reward move
+utility, and can the probe be trusted? It opens with a header (the generator, the solver, said to be
+simulated where no model answers, and the reference the probe reads) and, where the run is not
+finished, a banner naming each stage not run, interrupted or refused with the command that finishes
+it. Then utility per arm with its interval and a one-sentence verdict (from the frontier-shift
+experiment, ``benchmarks/frontier_shift.py``, when the run folder holds one; else from ``propel
+evaluate``); the probe's held-out metrics beside the training audits' on the policy's own tasks, with
+a verdict (:func:`probe_verdict`); per stage, the solver attempts and wall time it took
+(``RUN/timings.json``). Then the evidence: the probe's quality on held-out rows (and, in an
+experiment, on each arm's own tasks), the reward rule in words, training curves, solve-count
+histograms, the data funnel and example tasks; the config comes last, folded. Every metric carries
+the rows it was measured on, and one measured on fewer than 30 says so. Pictures are embedded as data
+URIs, so the page can be mailed or attached as it is. A section whose stage has not run says which
+stage to run, and why it did not run where a stage refused (``RUN/refusals.json``, kept by
+:func:`propel_core.provenance.record_refusal`). Each section is a function returning its HTML; a
+command that adds one adds it to :func:`pipeline_sections`.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import inspect
 import json
+import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
-from propel_core.config import dump_config
+from propel_core.config import PropelConfig, dump_config
 from propel_core.evaluation import evaluation_verdict, shift_text
 from propel_core.execution import ungradable_line
-from propel_core.provenance import refusals
+from propel_core.plugins import Registry
+from propel_core.provenance import refusals, stage_times
 from propel_core.records import Label, Task, iter_jsonl, write_readable
 from propel_core.run import Run
 from propel_core.training.audit import read_records
@@ -41,35 +53,23 @@ pre { background: #f7f7f7; padding: .8em; overflow-x: auto; font-size: .85em; }
 img { max-width: 100%; } .missing { color: #a33; } .task { white-space: pre-wrap; font-family: monospace; }
 .verdict { font-size: 1.15em; background: #eef4fa; border-left: 4px solid #2c5d8a; padding: .6em .9em; }
 .few { color: #a33; } summary { cursor: pointer; color: #2c5d8a; }
+.banner { background: #fdecea; border-left: 4px solid #b3261e; padding: .3em .9em; }
 """
 
 
 def report(run: Run) -> None:
-    """Write one self-contained HTML page on the run -> report.html."""
+    """Write one self-contained HTML page on the run -> report.html: the header (who generated,
+    solved and was read), a banner for what is missing or interrupted, then the sections."""
     root = run.dir
     experiment = root / EXPERIMENT
     if experiment.exists():
         summary = json.loads(experiment.read_text())
-        folder = experiment.parent
-        sections = [
-            ("Does it work? The frontier-shift experiment", experiment_section(summary, folder)),
-            (
-                "Probe quality",
-                probe_section(root, main_probe(run.services, run.config.reward)) + probe_on_arms_section(summary),
-            ),
-            (
-                "Training, per arm (mean over RL seeds)",
-                image(folder / "curves.png", "training curves per arm") + training_table(summary),
-            ),
-            ("Solve counts per arm (pooled over RL seeds)", image(folder / "solve_counts.png", "solve counts")),
-        ]
+        sections = experiment_sections(run, summary, experiment.parent)
+        banner = ""  # the experiment's pieces are the benchmark's to finish (benchmarks/experiment.py)
     else:
-        sections = [
-            ("Does it work? Base vs trained (real solver runs)", headline_section(root)),
-            ("Probe quality", probe_section(root, main_probe(run.services, run.config.reward))),
-            ("Training", training_section(root)),
-            ("Solve counts, base vs trained", evaluation_section(root)),
-        ]
+        states = stage_states(run)
+        sections = pipeline_sections(run, states)
+        banner = banner_section(states)
     sections += [
         ("Data funnel", funnel_section(root)),
         ("Example tasks by solve count", examples_section(root, run.config.label.k)),
@@ -80,12 +80,234 @@ def report(run: Run) -> None:
         ),
     ]
     body = "".join(f"<h2>{title}</h2>{content}" for title, content in sections)
+    name = html.escape(root.resolve().name)
     page = (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>propel report: {html.escape(str(root))}</title>"
-        f"<style>{STYLE}</style></head><body><h1>propel report: {html.escape(str(root))}</h1>{body}</body></html>"
+        f"<!doctype html><html><head><meta charset='utf-8'><title>propel report: {name}</title>"
+        f"<style>{STYLE}</style></head><body><h1>propel report: {name}</h1>"
+        f"{header_section(run)}{banner}{body}</body></html>"
     )
     write_readable(root / "report.html", page)
     run.say(f"report: {root / 'report.html'}")
+
+
+def experiment_sections(run: Run, summary: dict, folder: Path) -> list[tuple[str, str]]:
+    """The sections of a run folder holding the frontier-shift experiment, before the common ones."""
+    root = run.dir
+    return [
+        ("Does it work? The frontier-shift experiment", experiment_section(summary, folder)),
+        (
+            "Probe quality",
+            probe_section(root, main_probe(run.services, run.config.reward)) + probe_on_arms_section(summary),
+        ),
+        (
+            "Training, per arm (mean over RL seeds)",
+            image(folder / "curves.png", "training curves per arm") + training_table(summary),
+        ),
+        ("Solve counts per arm (pooled over RL seeds)", image(folder / "solve_counts.png", "solve counts")),
+    ]
+
+
+def pipeline_sections(run: Run, states: list[StageState]) -> list[tuple[str, str]]:
+    """The sections of a pipeline run, before the common ones: each is (title, HTML) from a function
+    of its own, so a command that adds a section adds one line here."""
+    root = run.dir
+    selected = main_probe(run.services, run.config.reward)
+    return [
+        ("Does it work? Base vs trained (real solver runs)", headline_section(root)),
+        ("Can I trust the probe? Held-out rows vs the policy's own tasks", trust_section(root, selected)),
+        ("Stages: what ran, solver attempts, wall time", stages_section(states)),
+        ("Probe quality", probe_section(root, selected)),
+        ("Training", training_section(root, run.registry, run.config.train.steps)),
+        ("Solve counts, base vs trained", evaluation_section(root)),
+    ]
+
+
+def header_section(run: Run) -> str:
+    """Who wrote the tasks, who solved them (a simulated solver said so) and which frozen model the
+    probe reads (the bundle's own, where there is one), and where the run folder is."""
+    config = run.config
+    bundle = main_probe(run.services, config.reward) / "probe.json"
+    reference = json.loads(bundle.read_text())["reference_model"] if bundle.exists() else config.reference.shown
+    solver = config.solver.shown + (
+        " (simulated: no model answers; its solve rates are the backend's own)"
+        if config.solver.simulated
+        else f" (a real model, {config.solver.backend} backend)"
+    )
+    rows = [
+        ["generator", config.generator.shown],
+        ["solver", solver],
+        ["reference (the frozen model the probe reads)", reference],
+        ["domain", config.domain.name],
+        ["run folder", str(run.dir)],
+    ]
+    return rows_table(["", ""], rows)
+
+
+@dataclass
+class StageState:
+    """What one pipeline stage has left in the run folder: ``done`` when its output is whole;
+    ``state`` in words; ``finish``, the command that finishes it (None where nothing is to run; a
+    stage's check gives only what follows ``propel STAGE CONFIG``, "" for nothing); the solver
+    attempts its records hold, and the wall time and last ending ``RUN/timings.json`` gives it."""
+
+    name: str
+    done: bool
+    state: str
+    finish: str | None = None
+    attempts: int = 0
+    #: what ``finish`` does, as the banner says it
+    how: str = "to finish"
+    seconds: float | None = None
+    ended: str | None = None
+
+
+def stage_states(run: Run) -> list[StageState]:
+    """Each stage of ``propel run`` but the report, as the run folder holds it."""
+    root, config = run.dir, run.config
+    saved = root / "config.yaml"
+    command = str(saved) if saved.exists() else "CONFIG"
+    found, timed = refusals(root), stage_times(root)
+    borrowed = config.reward.main_probe
+    states = []
+    for name in STAGE_ORDER:
+        if borrowed and name in CORPUS and not (root / CORPUS[name]).exists():
+            state = StageState(name, True, f"not needed: the reward reads {borrowed}")
+        else:
+            state = STAGE_CHECKS[name](root, config)
+        if state.finish is not None:
+            state.finish = f"propel {name} {command}{state.finish}"
+        if name in found:
+            state.done = False
+            state.state = f"refused: {found[name]['reason']}"
+            state.finish = f"propel {name} {command}"
+        blocked = [before for before, refusal in found.items() if name in refusal["blocks"]]
+        if blocked and not state.done:
+            state.state += f" (comes after propel {blocked[-1]}, which refused)"
+        state.seconds, state.ended = timed.get(name, {}).get("seconds"), timed.get(name, {}).get("ended")
+        states.append(state)
+    return states
+
+
+def generate_state(root: Path, config: PropelConfig) -> StageState:
+    planned = config.generate.num_tasks
+    count = _lines(root / "tasks.jsonl")
+    if count >= planned:
+        return StageState("generate", True, f"{count} tasks")
+    return StageState("generate", False, f"{count} of {planned} tasks" if count else "not run", "")
+
+
+def label_state(root: Path, config: PropelConfig) -> StageState:
+    valid = (
+        sum(task.validity.valid for task in iter_jsonl(root / "tasks.jsonl", Task))
+        if (root / "tasks.jsonl").exists()
+        else 0
+    )
+    labels = list(iter_jsonl(root / "labels.jsonl", Label)) if (root / "labels.jsonl").exists() else []
+    attempts = sum(len(label.attempts) for label in labels)
+    if labels and len(labels) >= valid:
+        return StageState("label", True, f"{len(labels)} tasks labeled, K={config.label.k}", attempts=attempts)
+    shown = f"{len(labels)} of {valid} valid tasks labeled" if labels else "not run"
+    return StageState("label", False, shown, "", attempts)
+
+
+def extract_state(root: Path, config: PropelConfig) -> StageState:
+    if (root / "activations" / "index.json").exists():
+        return StageState("extract", True, "activations of every parsed task")
+    started = (root / "activations").exists()
+    return StageState("extract", False, "interrupted: no index.json yet" if started else "not run", "")
+
+
+def probe_state(root: Path, config: PropelConfig) -> StageState:
+    if (root / "probes" / "selected" / "probe.json").exists():
+        return StageState("probe", True, "a probe selected")
+    return StageState("probe", False, "not run", "")
+
+
+def train_state(root: Path, config: PropelConfig) -> StageState:
+    planned = config.train.steps
+    log_path = root / "train" / "reward_log.jsonl"
+    steps = len({entry["step"] for entry in _entries(log_path)}) if log_path.exists() else 0
+    attempts = sum(audit.get("trials", 0) for audit in read_records(root / "train"))
+    finished = (root / "train" / "adapter").exists()
+    if finished and steps >= planned:
+        return StageState("train", True, f"{steps} of {planned} steps", attempts=attempts)
+    audit = config.train.audit
+    if finished and (audit.stop_gap is not None or audit.stop_drop is not None):
+        said = f"stopped at step {steps} of {planned} by an audit's stop rule (train.audit); a rerun does not "
+        return StageState("train", False, said + "train past it", " checkpoint.resume=false", attempts, "to start over")
+    if not steps:
+        return StageState("train", False, "not run", "")
+    return StageState("train", False, f"interrupted at step {steps} of {planned}", "", attempts)
+
+
+def evaluate_state(root: Path, config: PropelConfig) -> StageState:
+    folder = root / "eval"
+    attempts = sum(
+        len(label.attempts) for path in sorted(folder.glob("*/labels.jsonl")) for label in iter_jsonl(path, Label)
+    )
+    if (folder / "metrics.json").exists():
+        arms = ", ".join(json.loads((folder / "metrics.json").read_text()))
+        return StageState("evaluate", True, f"arms {arms}, {config.evaluate.num_tasks} tasks each", attempts=attempts)
+    return StageState("evaluate", False, "interrupted: no metrics.json yet" if attempts else "not run", "", attempts)
+
+
+#: how each stage of ``propel run`` but the report is judged from its files (the report writes itself)
+STAGE_CHECKS = {
+    "generate": generate_state,
+    "label": label_state,
+    "extract": extract_state,
+    "probe": probe_state,
+    "train": train_state,
+    "evaluate": evaluate_state,
+}
+STAGE_ORDER = tuple(STAGE_CHECKS)
+#: the stages that make the run's own probe, each with its output: not needed where reward.main_probe
+#: names another run's probe (unless they ran here anyway)
+CORPUS = {"generate": "tasks.jsonl", "label": "labels.jsonl", "extract": "activations", "probe": "probes"}
+
+
+def _lines(path: Path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0
+
+
+def _entries(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def banner_section(states: list[StageState]) -> str:
+    """One line per stage that has not finished (not run, interrupted, refused or stopped), each with
+    the command that finishes it; nothing when every stage has."""
+    lines = [
+        f"<li><b>{state.name}</b>: {html.escape(state.state)}"
+        + (f" &mdash; {state.how}: <code>{html.escape(state.finish)}</code>" if state.finish else "")
+        + "</li>"
+        for state in states
+        if not state.done
+    ]
+    if not lines:
+        return ""
+    return f"<div class='banner'><p>This run is not finished:</p><ul>{''.join(lines)}</ul></div>"
+
+
+def stages_section(states: list[StageState]) -> str:
+    """Per stage: what its files hold, the solver attempts they record (label, the training's audits,
+    evaluate) and its wall time over every run of it that ended (``RUN/timings.json``)."""
+    rows = [
+        [
+            state.name,
+            state.state,
+            state.attempts,
+            "-" if state.seconds is None else Markup(f"<span class='seconds'>{state.seconds:.1f}</span>"),
+            state.ended or "-",
+        ]
+        for state in states
+    ]
+    note = (
+        "<p>Solver attempts: the label stage's K per valid task, the training audits' (train.audit) and "
+        "the evaluation's. Wall time: every run of the stage that ended, added up; a stage run by a script "
+        "rather than a <code>propel</code> command, or killed outright, has none recorded.</p>"
+    )
+    return rows_table(["stage", "state", "solver attempts", "wall s", "last run"], rows) + note
 
 
 def with_n(value: float | None, n: int | float | None, digits: int = 3) -> Markup:
@@ -299,6 +521,98 @@ def funnel_section(root: Path) -> str:
     return rows_table(["step", "tasks"], [list(step) for step in steps]) + note
 
 
+#: the probe verdict's rule (docs/cli.md, "propel report"): the on-policy AUROC (the training audits',
+#: on the policy's own tasks) must reach USEFUL_AUC, about the cross-validated AUC of the probe the
+#: paper's SWE runs rewarded with and still moved utility (0.596, appendix 14, table 11), and fall no
+#: more than TRANSFER_DROP below the held-out AUC: the paper's limitation (section 7) that a fixed
+#: probe degrades under policy drift, and its appendix 12's false positives, are what such a fall
+#: measures
+USEFUL_AUC = 0.6
+TRANSFER_DROP = 0.1
+
+
+def probe_verdict(held_out: float | None, on_policy: float | None, rows: int, gap: float | None) -> str:
+    """One sentence on whether the probe's reward can be trusted: its held-out AUC against the AUROC
+    the audits measured on ``rows`` of the policy's own tasks (None: none measured one), and the mean
+    calibration gap (probe probability minus the real in-band rate) that tells an exploited probe
+    (positive: the policy pleases it) from one that does not transfer."""
+    if held_out is None:
+        return "No verdict: there is no selected probe with a held-out AUC yet."
+    if held_out < USEFUL_AUC:
+        return (
+            f"Do not trust it: its held-out AUC, {held_out:.2f}, is below {USEFUL_AUC}; it hardly tells in-band "
+            "tasks from the rest even on the corpus it was fitted to."
+        )
+    if on_policy is None:
+        return (
+            f"Not checked on the policy's own tasks: held-out AUC {held_out:.2f}, but no audit measured an AUROC "
+            "(set train.audit.every, or the audited tasks were all of one class), so nothing says whether the "
+            "policy exploits the probe."
+        )
+    few = f" Measured on {rows} rows only: too few to tell for sure." if rows < FEW_ROWS else ""
+    if on_policy >= USEFUL_AUC and on_policy >= held_out - TRANSFER_DROP:
+        return (
+            f"Trust it: on the policy's own tasks its AUROC is {on_policy:.2f}, at least {USEFUL_AUC} and no more "
+            f"than {TRANSFER_DROP} below the held-out {held_out:.2f}.{few}"
+        )
+    why = (
+        f"the policy is exploiting it: its probability runs {gap:+.2f} above the real in-band rate"
+        if gap is not None and gap > 0
+        else "it does not transfer to the tasks the policy now writes"
+    )
+    return (
+        f"Do not trust it: on the policy's own tasks its AUROC is {on_policy:.2f} against {held_out:.2f} held "
+        f"out (the rule: at least {USEFUL_AUC} and no more than {TRANSFER_DROP} below held-out); {why}.{few}"
+    )
+
+
+def trust_section(root: Path, selected: Path) -> str:
+    """The selected probe's held-out metrics beside the training audits' on the policy's own tasks,
+    and the verdict (:func:`probe_verdict`). The audits' AUROC is their mean weighted by the labeled
+    rows each measured it on."""
+    bundle = selected / "probe.json"
+    found = json.loads(bundle.read_text())["metrics"] if bundle.exists() else {}
+    audits = [a for a in read_records(root / "train") if a.get("auroc") is not None]
+    rows = audit_rows(root / "train")
+    weights = [rows.get(a["step"], 0) for a in audits]
+    total = sum(weights)
+
+    def mean(key: str) -> float | None:
+        values = [(a[key], w) for a, w in zip(audits, weights, strict=True) if a.get(key) is not None]
+        weight = sum(w for _, w in values)
+        if not weight:  # none, or their rows not journaled: each audit counts alike
+            return statistics.fmean(value for value, _ in values) if values else None
+        return sum(value * w for value, w in values) / weight
+
+    held_rows, auroc, gap = found.get("test_rows"), mean("auroc"), mean("gap")
+    steps = ", ".join(str(a["step"] + 1) for a in audits) or "none"
+    table = rows_table(
+        ["", "held-out rows (the probe sweep's selected cell)", f"the policy's own tasks (audits at steps {steps})"],
+        [
+            ["AUC", with_n(found.get("test_auc"), held_rows), with_n(auroc, total or None)],
+            [
+                "balanced accuracy",
+                with_n(found.get("test_balanced_accuracy"), held_rows),
+                with_n(mean("balanced_accuracy"), total or None),
+            ],
+            ["probe probability - real in-band rate (calibration gap)", "-", with_n(gap, total or None)],
+        ],
+    )
+    sentence = probe_verdict(found.get("test_auc"), auroc, total, gap)
+    return f"<p class='verdict'>{html.escape(sentence)}</p>" + table
+
+
+def audit_rows(folder: Path) -> dict[int, int]:
+    """Per audited step, the labeled tasks with a known utility (``audit/labels.jsonl``): the rows an
+    audit's AUROC was measured on."""
+    path = folder / "audit" / "labels.jsonl"
+    counts: dict[int, int] = defaultdict(int)
+    for label in iter_jsonl(path, Label) if path.exists() else []:
+        if label.utility is not None:
+            counts[int(label.task_id.split("-")[1])] += 1  # the reward function names them rl-STEP-I
+    return counts
+
+
 def probe_section(root: Path, selected: Path) -> str:
     """The probe the reward reads (``selected``: ``reward.main_probe``, else the run's own), with the
     sweep it was chosen from when that sweep's folder has one."""
@@ -377,14 +691,16 @@ def sweep_table(path: Path, selected: dict) -> str:
     )
 
 
-def training_section(root: Path) -> str:
+def training_section(root: Path, registry: Registry, planned: int) -> str:
+    """The reward rule in words, the alarms, curves, sampler, audits and last completions of the
+    training in ``root/train`` (``planned``: the steps it was to take)."""
     log_path = root / "train" / "reward_log.jsonl"
     if not log_path.exists():
         return missing(root, "train")
-    entries = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    entries = _entries(log_path)
     curves = root / "train" / "curves.png"
     training_curves(curves, entries)
-    section = rules_line(entries) + alarms(entries) + image(curves, "training curves")
+    section = rules_line(entries, registry, planned) + alarms(entries) + image(curves, "training curves")
     section += sampler_section(entries) + audit_section(root / "train", entries)
     return section + completions_table(root / "train" / COMPLETIONS)
 
@@ -463,19 +779,30 @@ def audit_curves(path: Path, entries: list[dict], audits: list[dict]) -> None:
 PAID = (("r_bad", "r_bad"), ("overflow_reward", "overflow reward"))
 
 
-def rules_line(entries: list[dict]) -> str:
-    """Which reward rule (with its options, and what it paid an invalid and a cut-off generation) gave
-    the rewards, read from the reward log: each with the steps it rewarded, so an adapter trained under
-    two (allow_changed_settings) says so."""
-    steps: dict[str, list[int]] = defaultdict(list)
+def rules_line(entries: list[dict], registry: Registry, planned: int) -> str:
+    """Which reward rule gave the rewards, in words: its name and what it pays (the first paragraph of
+    its docstring), its options, what it paid an invalid and a cut-off generation, and the steps it
+    rewarded of the ``planned`` ones, read from the reward log: one sentence per rule, so an adapter
+    trained under two (allow_changed_settings) says so."""
+    steps: dict[tuple[str, str], list[int]] = defaultdict(list)
     for entry in entries:
-        paid = "".join(f", {name} {entry[key]:g}" for key, name in PAID if isinstance(entry.get(key), int | float))
-        steps[f"{entry.get('rule', '(not logged)')} {json.dumps(entry.get('rule_options') or {})}{paid}"].append(
-            entry["step"]
+        paid = [f"{name} {entry[key]:g}" for key, name in PAID if isinstance(entry.get(key), int | float)]
+        options = ", ".join(f"{key} {json.dumps(value)}" for key, value in (entry.get("rule_options") or {}).items())
+        said = f"options {options}" if options else "no options"
+        if paid:
+            said += "; it paid an invalid generation " + " and a cut-off one ".join(paid)
+        steps[(entry.get("rule", "(not logged)"), said)].append(entry["step"])
+    parts = []
+    for (rule, said), rewarded in steps.items():
+        known = rule in registry.names("reward_rules")
+        words = (inspect.getdoc(registry.get("reward_rules", rule)) or "") if known else ""
+        what = words.split("\n\n")[0].replace("\n", " ").rstrip(".") or "(the rule does not say what it pays)"
+        parts.append(
+            f"<p>Rewarded by the <code>{html.escape(rule)}</code> rule at steps {min(rewarded) + 1}-"
+            f"{max(rewarded) + 1} of {planned} planned: {html.escape(what)} ({html.escape(said)}).</p>"
         )
-    parts = [f"<code>{html.escape(rule)}</code> (steps {min(s)}-{max(s)})" for rule, s in steps.items()]
-    warning = " <span class='missing'>(more than one rule: this adapter mixes them)</span>" if len(parts) > 1 else ""
-    return f"<p>Rewarded by {', '.join(parts)}{warning}.</p>"
+    warning = "<p class='missing'>More than one rule: this adapter mixes them.</p>" if len(parts) > 1 else ""
+    return "".join(parts) + warning
 
 
 def alarms(entries: list[dict]) -> str:
@@ -489,7 +816,7 @@ def completions_table(path: Path) -> str:
     """The last reward call's sampled completions with their rewards (``train/completions.jsonl``)."""
     if not path.exists():
         return ""
-    calls = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    calls = _entries(path)
     if not calls:
         return ""
     last = calls[-1]

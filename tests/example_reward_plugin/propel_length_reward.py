@@ -14,6 +14,10 @@ def register_reward_rules(register):
 
 
 class LengthBonus:
+    """per_letter for each letter of a valid task's word, r_bad for an invalid one.
+
+    propel report shows this first paragraph as what the rule pays."""
+
     needs = frozenset()  # no probe scores: the reward comes from the task alone
 
     def __init__(self, config, per_letter: float = 0.1):
