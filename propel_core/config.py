@@ -322,11 +322,13 @@ class AuditConfig(Section):
 
 
 #: what a GRPO training does with a group whose completions all earned one reward (docs/config.md)
-ZeroVariance = Literal["keep", "drop"]
+ZeroVariance = Literal["keep", "drop", "refill"]
 ZERO_VARIANCE = (
     "a group whose completions all earned one reward: keep (TRL's way: no policy gradient, but its tokens "
-    "count in the loss's normalizer) or drop (out of the loss and the normalizer, as DAPO filters it)"
+    "count in the loss's normalizer), drop (out of the loss and the normalizer, as DAPO filters it) or refill "
+    "(DAPO's dynamic sampling: dropped, and replaced by groups of further prompts, max_refills draws at most)"
 )
+MAX_REFILLS = "zero_variance: refill: further draws of prompts a step makes at most to replace its groups of one reward"
 #: the loss types whose normalizer counts the tokens of the completions kept across the generation
 #: batch, so that a dropped group is out of the step exactly (under grpo's and dr_grpo's means over
 #: completions it would still count, and bnpo divides each micro-batch by its own tokens)
@@ -367,17 +369,19 @@ class TrainConfig(Section):
     replay: ReplayConfig = ReplayConfig()
     audit: AuditConfig = AuditConfig()
     zero_variance: ZeroVariance = Field("keep", description=ZERO_VARIANCE)
+    max_refills: int = Field(3, gt=0, description=MAX_REFILLS)
 
     @model_validator(mode="after")
     def _drop_needs_a_token_level_loss(self):
-        if self.zero_variance == "drop" and self.loss_type not in TOKEN_LEVEL_LOSSES:
+        mode = self.zero_variance
+        if mode != "keep" and self.loss_type not in TOKEN_LEVEL_LOSSES:
             raise ValueError(
-                f"zero_variance: drop needs a loss normalized by the batch's tokens (loss_type: "
+                f"zero_variance: {mode} needs a loss normalized by the batch's tokens (loss_type: "
                 f"{' or '.join(TOKEN_LEVEL_LOSSES)}): under {self.loss_type} a dropped group would still count"
             )
-        if self.zero_variance == "drop" and self.overlong_buffer:
+        if mode != "keep" and self.overlong_buffer:
             raise ValueError(
-                "zero_variance: drop judges a group by the rule's rewards, and overlong_buffer adds a length "
+                f"zero_variance: {mode} judges a group by the rule's rewards, and overlong_buffer adds a length "
                 "penalty that gives such a group a spread to learn from: set one of them off"
             )
         return self
@@ -482,16 +486,15 @@ class SolveTrainConfig(Section):
     reward_model: str | None = Field(
         None, description="RM-GRPO: a calibrated ranker bundle (propel rank) that scores model steps"
     )
-    zero_variance: ZeroVariance = Field("keep", description=f"grpo only (its loss is TRL's dapo): {ZERO_VARIANCE}")
+    zero_variance: ZeroVariance = Field(
+        "keep", description=f"{ZERO_VARIANCE}; under rloo the kept completions' mean is the loss"
+    )
+    max_refills: int = Field(3, gt=0, description=MAX_REFILLS)
     verifier_steps: int = Field(1, gt=0, description="RM-GRPO: verifier-scored steps per cycle")
     model_steps: int = Field(0, ge=0, description="RM-GRPO: reward-model-scored steps per cycle (0: verifier only)")
 
     @model_validator(mode="after")
     def _reward_model_for_model_steps(self):
-        if self.zero_variance == "drop" and self.algorithm != "grpo":
-            raise ValueError(
-                "zero_variance: drop works with algorithm: grpo (TRL's RLOO loss is a mean over completions)"
-            )
         if self.model_steps and not self.reward_model:
             raise ValueError("model_steps > 0 needs reward_model: the ranker bundle that scores those steps")
         if self.model_steps and not self.reward_rule:

@@ -115,9 +115,12 @@ def test_self_training_filters_and_fine_tunes(solve_run):
     assert (solve_run.dir / "self_train" / "adapter" / "adapter_model.safetensors").exists()
 
 
-def test_grpo_drops_the_groups_of_one_reward_when_asked(solve_run):
-    """solve_train.zero_variance: drop on a real GRPO run: every step's share of completions left out
-    of the loss (TRL's log) is its share of groups of one reward (the reward log)."""
+def test_grpo_drops_and_rloo_refills_the_groups_of_one_reward_when_asked(solve_run):
+    """solve_train.zero_variance on real runs. GRPO with drop: every step's share of completions left
+    out of the loss (TRL's log) is its share of groups of one reward (the reward log). RLOO with refill:
+    every step's reward log entry says how many of its groups were flat, and of those how many further
+    draws of prompts refilled and how many were dropped, as TRL's log does; the further draws' rollouts
+    are graded and written like the step's own."""
     other = solve_run.config.model_dump(mode="json")
     other["solve_train"] |= {"name": "dropping", "algorithm": "grpo", "zero_variance": "drop"}
     solve_train(Run(validate_config(other, solve_run.registry), solve_run.registry, quiet=True))
@@ -126,6 +129,19 @@ def test_grpo_drops_the_groups_of_one_reward_when_asked(solve_run):
     logged = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
     dropped = [entry["zero_variance/dropped"] for entry in logged if "zero_variance/dropped" in entry]
     assert dropped == pytest.approx([step["degenerate_groups"] for step in steps]) and len(dropped) == 2
-    other["solve_train"]["algorithm"] = "rloo"
-    with pytest.raises(PropelError, match="zero_variance: drop works with algorithm: grpo"):
-        validate_config(other, solve_run.registry)
+
+    other["solve_train"] |= {"name": "refilling", "algorithm": "rloo", "zero_variance": "refill", "max_refills": 2}
+    solve_train(Run(validate_config(other, solve_run.registry), solve_run.registry, quiet=True))
+    folder = solve_run.dir / "solve" / "refilling"
+    steps = [json.loads(line) for line in (folder / "reward_log.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+    refilled = [entry["zero_variance/refilled"] for entry in logged if "zero_variance/refilled" in entry]
+    assert [step["step"] for step in steps] == [0, 1] and len(refilled) == 2
+    for step, refills in zip(steps, refilled, strict=True):
+        counts = step["zero_variance"]
+        assert counts["flat"] == round(step["degenerate_groups"] * 2)  # 8 rollouts a step, groups of 4
+        assert counts["refilled"] + counts["dropped"] == counts["flat"] and counts["refilled"] == refills
+        assert len(counts["draws"]) <= 2 and (counts["draws"] or not counts["flat"])
+    drawn = sum(len(step["zero_variance"]["draws"]) for step in steps)
+    rollouts = (folder / "rollouts.jsonl").read_text().splitlines()
+    assert len(rollouts) >= 16 + 4 * drawn  # each further draw: at least one group of 4, graded

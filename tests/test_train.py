@@ -625,8 +625,10 @@ def test_the_colocated_engine_is_eager_where_the_setting_says():
 
 def test_zero_variance_drop_leaves_the_groups_of_one_reward_out_of_the_loss(trained_run, tmp_path):
     """train.zero_variance: drop with the dapo loss: each step's share of completions left out of the
-    loss (TRL's log) is its share of groups of one reward (the reward log); with a loss that is not
-    normalized by the batch's tokens, or beside the overlong penalty, it is refused before anything runs."""
+    loss (TRL's log) is its share of groups of one reward (the reward log); refill: each step's reward
+    log entry says how many groups were flat, refilled from further draws (at most max_refills) and
+    dropped, as TRL's log does; with a loss that is not normalized by the batch's tokens, or beside the
+    overlong penalty, either is refused before anything runs."""
     probed_run, _ = trained_run
     settings = probed_run.config.train.model_dump(mode="json") | {"loss_type": "dapo", "zero_variance": "drop"}
     train_in(with_config(probed_run, train=settings), tmp_path)
@@ -634,8 +636,18 @@ def test_zero_variance_drop_leaves_the_groups_of_one_reward_out_of_the_loss(trai
     logged = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     dropped = [entry["zero_variance/dropped"] for entry in logged if "zero_variance/dropped" in entry]
     assert dropped == pytest.approx([step["degenerate_groups"] for step in steps]) and len(dropped) == 2
-    with pytest.raises(PropelError, match=r"zero_variance: drop needs a loss normalized by the batch's tokens"):
-        with_config(probed_run, train=settings | {"loss_type": "bnpo"})
+    refilling = settings | {"zero_variance": "refill", "max_refills": 1}
+    train_in(with_config(probed_run, train=refilling), tmp_path / "refill")
+    steps = [json.loads(line) for line in (tmp_path / "refill" / "reward_log.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (tmp_path / "refill" / "log.jsonl").read_text().splitlines()]
+    draws = [entry["zero_variance/draws"] for entry in logged if "zero_variance/draws" in entry]
+    assert [step["step"] for step in steps] == [0, 1] and draws == [len(s["zero_variance"]["draws"]) for s in steps]
+    for step in steps:  # a step of 4 completions in one group
+        counts = step["zero_variance"]
+        assert counts["flat"] == step["degenerate_groups"] and counts["refilled"] + counts["dropped"] == counts["flat"]
+        assert len(counts["draws"]) == counts["flat"]  # a flat group draws once (max_refills: 1)
+    with pytest.raises(PropelError, match=r"zero_variance: refill needs a loss normalized by the batch's tokens"):
+        with_config(probed_run, train=refilling | {"loss_type": "bnpo"})
     with pytest.raises(PropelError, match="overlong_buffer adds a length penalty"):
         with_config(probed_run, train=settings | {"overlong_buffer": 4})
 

@@ -148,6 +148,9 @@ class FeedsBack:
     calls: int
     stall: Stall
     flat: tuple[bool, ...] = ()
+    #: ``zero_variance: drop`` or ``refill`` (``hold``): the entries of the step's draws of prompts so
+    #: far, which wait until the trainer has settled the step's batch (``close_step``)
+    held: list[dict[str, Any]] | None = None
 
     def step(self, trainer_state) -> int:
         """The optimizer step this call scores for (and count the call)."""
@@ -176,19 +179,48 @@ class FeedsBack:
         has lasted), the replay buffer's and the sampler's numbers to ``entry`` and append it to the
         log. ``whole`` is the step of every process (``whole_step``), so each process's sampler and
         alarms see the same, and the main process writes the one entry. ``flat`` keeps which of this
-        process's completions (``own``) were in a group of one reward, for ``zero_variance: drop``."""
+        process's completions (``own``) were in a group of one reward, for ``zero_variance``. While
+        :meth:`hold` says so (``zero_variance: drop`` or ``refill``), the entry waits for :meth:`close_step`."""
         rewards = whole["rewards"]
         if self.sampler is not None and whole.get("contexts"):
             self.sampler.update([self.contexts[c] for c in whole["contexts"]], rewards)
         self.flat = tuple(self.stall.flat_rows(rewards)[own])
         entry |= self.stall.signs(rewards, whole["cut"])
+        if self.replay is not None:
+            entry |= {"replayed": sum(whole["replayed"]), "replay_admitted": sum(whole["admitted"])}
+        if self.held is not None:
+            self.held.append(entry)
+        else:
+            self.record(entry)
+
+    def hold(self) -> None:
+        """From now on, each step's log entry waits for :meth:`close_step`."""
+        self.held = []
+
+    def close_step(self, counts: dict[str, int]) -> None:
+        """Write the held entry of the step's batch with ``counts`` (what ``zero_variance`` did to its
+        groups) under ``zero_variance``, and the reward mean and share of groups of one reward of each
+        further draw of prompts that refilled it."""
+        first, *draws = self.held
+        self.held = []
+        first["zero_variance"] = counts | {
+            "draws": [{key: draw.get(key) for key in ("reward_mean", "degenerate_groups")} for draw in draws]
+        }
+        self.record(first)
+
+    @property
+    def draw(self) -> int:
+        """Which draw of prompts of its step the call being scored is: 0 for the step's batch, then 1,
+        2, ... for the further draws that refill its groups of one reward (``zero_variance: refill``)."""
+        return len(self.held or ())
+
+    def record(self, entry: dict[str, Any]) -> None:
+        """The step's alarm and the sampler's numbers into ``entry``, and the entry into the log."""
         alarm = self.stall.alarm(entry["step"], entry)
         if alarm is not None:
             if is_main():
                 log.warning("%s", alarm)
             entry["alarm"] = alarm
-        if self.replay is not None:
-            entry |= {"replayed": sum(whole["replayed"]), "replay_admitted": sum(whole["admitted"])}
         if self.sampler is not None and hasattr(self.sampler, "diagnostics"):
             entry["sampler"] = self.sampler.diagnostics()
         if self.log_path is not None and is_main():

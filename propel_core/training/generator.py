@@ -32,7 +32,7 @@ from propel_core.training.trainer import (
     sampled_prompts,
     trainer_arguments,
 )
-from propel_core.training.zero_variance import dropping_flat_groups
+from propel_core.training.zero_variance import zero_variance_trainer
 
 log = logging.getLogger("propel")
 
@@ -80,8 +80,9 @@ def train_generator(services: Services, plan: GeneratorPlan, audit: Audit | None
     dataset = sampled_prompts(
         sampler, domain.generator_prompt, tokenizer, generator.chat_template, path, contexts_by_prompt
     )
-    if train_config.zero_variance == "drop":
-        trainer_class = dropping_flat_groups(trainer_class, lambda: scorer.flat)
+    trainer_class = zero_variance_trainer(
+        trainer_class, scorer, train_config.zero_variance, max_refills=train_config.max_refills, section="train"
+    )
     if not domain.multi_turn:  # a trajectory ends in the tool results' framing, not the policy's end token
         scorer.stall.ends = end_tokens(tokenizer, policy.generation_config)
     arguments = _grpo_arguments(services, folder, train_config, seed, plan.checkpoint_every, stop)

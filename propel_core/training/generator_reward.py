@@ -132,7 +132,7 @@ class RewardScorer(FeedsBack):
             contexts=list(context_id or []),
             attempts=[self.solver_attempts],
         )
-        if self.audit is not None:  # the main process's: it audits the whole step
+        if self.audit is not None and not self.draw:  # the main process's: it audits the step's batch
             self.audit.offer(step, whole["tasks"], [score.get("probability") for score in whole["scores"]])
         self.log(step, whole, own)
         if self.log_path is not None and is_main():
@@ -142,10 +142,12 @@ class RewardScorer(FeedsBack):
 
     def task(self, i: int, step: int, generation: str, context_id: str | None, cut_off: bool) -> Task:
         """The task that generation ``i`` of this step (counted over every process of a launch) is, from
-        ``context_id`` (invalid where the length limit ``cut_off`` it, as in generate)."""
+        ``context_id`` (invalid where the length limit ``cut_off`` it, as in generate); ``rl-STEP-i``, or
+        ``rl-STEP-refillK-i`` in the step's K-th further draw of prompts (``zero_variance: refill``)."""
         context = self.contexts.get(context_id) if context_id else None
         context = context or Context(id="unknown", data={})
-        return make_task(f"rl-{step}-{i}", self.domain, context, generation, "policy", self.predicates, cut_off)
+        draw = f"-refill{self.draw}" if self.draw else ""
+        return make_task(f"rl-{step}{draw}-{i}", self.domain, context, generation, "policy", self.predicates, cut_off)
 
     def scores(self, tasks: list[Task]) -> list[dict[str, Any]]:
         """The scores the rule needs: probe scores of every task the reference can read (valid or not:

@@ -23,7 +23,7 @@ from propel_core.training.pace import Pace
 from propel_core.training.replay import ReplayBuffer, replaying
 from propel_core.training.solver_reward import SolverRewards
 from propel_core.training.trainer import load_policy, lora_config, sampled_prompts, trainer_arguments
-from propel_core.training.zero_variance import dropping_flat_groups
+from propel_core.training.zero_variance import zero_variance_trainer
 
 if TYPE_CHECKING:
     from propel_core.plans import SelfTrainPlan, SolverPlan
@@ -101,8 +101,9 @@ def train_solver(
     )
     if buffer is not None:
         trainer_class = replaying(trainer_class, buffer, options.replay.slots)
-    if options.zero_variance == "drop":
-        trainer_class = dropping_flat_groups(trainer_class, lambda: reward.flat)
+    trainer_class = zero_variance_trainer(
+        trainer_class, reward, options.zero_variance, max_refills=options.max_refills, section="solve_train"
+    )
     pace = Pace(services, f"solve-train {options.name}")
     trainer = trainer_class(
         model=model,
