@@ -34,6 +34,9 @@ library alone could fetch a frame for it). The standard library's own reads of a
 only names and text (logging's caller, a formatted traceback) are let through (``PROBES``,
 ``READERS``).
 
+Beside the guard, what every runner shares in the process: the in-process half of a test's time
+limit (``time_limit``; the watcher, outside, keeps it) and the undoing of what propel put in the
+process's view of its run (``as_a_user``), so that a judged process reads as a plain run does.
 This file is copied beside each runner inside the sandbox, so it imports nothing but the standard
 library; the harness imports it for ``is_test_path`` and ``written_lines``.
 """
@@ -120,10 +123,43 @@ def through_the_hook(operation: str):
     return isolated(guarded)
 
 
-class OutOfTime(BaseException):
-    """What a test raises once it has run past its time limit (``install``'s ``arm``). A
-    BaseException, as pytest's own outcomes are: the code under test's ``except Exception`` does not
-    swallow it."""
+class OutOfTime(Exception):
+    """What a runner makes of the interrupt the watcher sends once a phase of a test has run past its
+    time limit (``time_limit``): the test failed (an error, in a set-up or tear-down)."""
+
+
+def time_limit(fd: int, mark: str):
+    """``within(seconds)``: a context in which the process's CPU time is limited from outside it. It
+    tells the watcher (``watcher.py``, a process beside this one, reading descriptor ``fd``) on a line
+    under ``mark`` (the run's key or nonce) this process's id and the seconds as the phase starts, and
+    0 as it ends; past the limit the watcher sends SIGINT, which every Python process answers with the
+    same handler it starts with (a ``KeyboardInterrupt`` at the next bytecode). The runner makes that
+    ``OutOfTime`` on its way out of the context. Nothing of the limit is in the process: no timer, no
+    handler of propel's, nothing ``signal.getitimer`` or ``signal.getsignal`` would read otherwise
+    than in a user's run (docs/swe.md, "Judged as used"). ``seconds`` None: no limit."""
+    import contextlib
+
+    write, pid, out = os.write, os.getpid(), OutOfTime
+
+    def tell(seconds) -> None:
+        data = f"PROPEL-CLOCK {mark} {pid} {seconds}\n".encode()
+        while data:
+            data = data[write(fd, data) :]
+
+    @contextlib.contextmanager
+    def within(seconds):
+        if type(seconds) not in (int, float) or not 0 < seconds < 1e6:
+            yield
+            return
+        tell(float(seconds))
+        try:
+            yield
+        except KeyboardInterrupt:
+            raise out("the test ran past its time limit") from None
+        finally:
+            tell(0)
+
+    return within
 
 
 class Refused(PermissionError, ValueError):
@@ -166,21 +202,14 @@ def install(root: str, written: dict[str, list[int]]):
     module attribute that the code under test could replace, and it calls no method of an object
     the code under test made. What replaces an original, and the functions returned, are
     ``through_the_hook`` functions: none of them holds an original or any of the guard's state.
-
-    It also returns ``arm(seconds)`` and ``disarm()``, a test's time limit: the runner arms it as a
-    phase of a test starts and disarms it as the phase ends; past it, SIGPROF from the profiling
-    interval timer (the process's CPU time, so a busy machine does not bring it on) makes the phase
-    raise ``OutOfTime`` (a loop in Python code stops at its next
-    bytecode; code that holds the interpreter in C, or stops the timer itself, runs on to the
-    suite's own limit). The handler lives in the hook's closure too, is put in only while a limit is
-    armed, and what the repository had set (its own handler, a timer of its own) is given back."""
+    A test's time limit is no part of it: the watcher keeps it from outside the process
+    (``time_limit``)."""
     import _imp
     import _thread
     import pathlib
     import signal
     import subprocess  # noqa: F401  (loads _posixsubprocess now, so its fork_exec is wrapped below)
     import threading
-    import time
 
     getframe, thread_id, fspath, lstat, readlink = sys._getframe, _thread.get_ident, os.fspath, os.lstat, os.readlink
     modules, start, owner = sys.modules, os.getcwd(), _thread.get_ident()
@@ -420,30 +449,6 @@ def install(root: str, written: dict[str, list[int]]):
         return guarded
 
     made = set(modules)  # builtin and extension modules made so far: the change may not make them again
-    set_timer, handler_of, cpu_clock, out_of_time = _signal.setitimer, _signal.getsignal, time.process_time, OutOfTime
-    alarm_signal, cpu_time, default_action = _signal.SIGPROF, _signal.ITIMER_PROF, _signal.SIG_DFL
-    armed: list[tuple] = []  # (the handler before, the timer before, when), while a limit is armed
-
-    def past_the_limit(signalnum, frame):
-        raise out_of_time("the test ran past its time limit")
-
-    past_the_limit = isolated(past_the_limit)
-
-    def arm(seconds) -> None:
-        if type(seconds) not in (int, float) or not 0 < seconds < 1e6 or armed:
-            return
-        before = set_handler(alarm_signal, past_the_limit)
-        armed.append((before, set_timer(cpu_time, seconds), cpu_clock()))
-
-    def disarm() -> None:
-        if not armed:
-            return
-        before, (left, interval), since = armed.pop()
-        set_timer(cpu_time, 0)
-        if handler_of(alarm_signal) is past_the_limit:  # a handler the test set itself stays
-            set_handler(alarm_signal, default_action if before is None else before)
-        if left:  # a timer of the repository's own was running: it goes on
-            set_timer(cpu_time, max(left - (cpu_clock() - since), 1e-6), interval)
 
     # what the hook does when asked (EVENT): the guarded originals, and the runners' two questions
     operations = {
@@ -453,8 +458,6 @@ def install(root: str, written: dict[str, list[int]]):
         "_imp.create_dynamic": afresh(create_dynamic),
         "refusals": lambda: tuple(refusals),
         "asks": lambda: asking(code_under_test_asks),
-        "arm": arm,
-        "disarm": disarm,
     }
     installed = [(_imp, "create_builtin"), (_imp, "create_dynamic")]
     for name in ("_posixsubprocess", "subprocess"):
@@ -479,7 +482,42 @@ def install(root: str, written: dict[str, list[int]]):
     for module, attribute in installed:
         setattr(module, attribute, through_the_hook(f"{module.__name__}.{attribute}"))
     modules.pop(__name__, None)  # nothing left to find by name (its state lives in the hook's closure)
-    return through_the_hook("refusals"), through_the_hook("asks"), through_the_hook("arm"), through_the_hook("disarm")
+    return through_the_hook("refusals"), through_the_hook("asks")
+
+
+def as_a_user(folder: str, plugin: str | None = None, variables: tuple[str, ...] = (), argv: list[str] | None = None):
+    """Take what propel put into this process's run out of what the code under test reads of it, so
+    that it reads what a plain ``python -m pytest`` in the sandbox reads (docs/swe.md, "Judged as
+    used"): ``folder`` (where the runner's files lie) out of ``sys.path``, its importer cache and
+    ``PYTHONPATH``, ``plugin`` out of ``PYTEST_PLUGINS``, ``variables`` (libfaketime's) unset, and
+    ``sys.argv`` made a plain run's: pytest's ``__main__`` and ``argv`` (the test command's own
+    arguments). The variables change in ``os.environ`` and ``posix.environ`` only: the process's own
+    environment, which libfaketime reads and child processes inherit, stays as it was."""
+    import importlib.util
+    import posix
+
+    environ = os.environ
+
+    def plain(name: str, value: str | None) -> None:
+        key, raw = environ.encodekey(name), name.encode()
+        environ._data.pop(key, None)
+        posix.environ.pop(raw, None)
+        if value:
+            environ._data[key], posix.environ[raw] = environ.encodevalue(value), value.encode()
+
+    parts = {"PYTHONPATH": (":", folder), "PYTEST_PLUGINS": (",", plugin)}
+    for name, (separator, ours) in parts.items():
+        if name in environ:
+            plain(name, separator.join(part for part in environ[name].split(separator) if part and part != ours))
+    for name in variables:
+        plain(name, None)
+    sys.path[:] = [entry for entry in sys.path if entry != folder]
+    for entry in [entry for entry in sys.path_importer_cache if entry == folder or entry.startswith(folder + "/")]:
+        del sys.path_importer_cache[entry]  # the folder, and the runner's own file, run as a script
+    if argv is not None:
+        spec = importlib.util.find_spec("pytest")
+        where = spec.submodule_search_locations if spec is not None else None
+        sys.argv[:] = [os.path.join(where[0], "__main__.py") if where else "-m", *argv]
 
 
 def watch(prefixes: tuple[str, ...]):

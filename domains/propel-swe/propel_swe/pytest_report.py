@@ -25,9 +25,12 @@ last two once the guard has refused the change anything (it ran otherwise than i
 cannot be rewritten: what the code under test writes after the end line, or a second line for a
 test, is seen by the harness as tampering. When the orders select tests (node ids), every other test
 is deselected. A test the orders give a time limit (``time_limits``: node id -> seconds, or
-``time_limit`` for every test) has each of its
-phases stopped there (the guard's ``arm``): a call that runs past it fails, a set-up or tear-down is
-an error; ``seconds`` is how long its three phases took.
+``time_limit`` for every test) has each of its phases stopped there from outside the process
+(``guard.time_limit``: the watcher reads ``PROPEL-CLOCK`` lines on the same descriptor and
+interrupts the process): a call that runs past it fails, a set-up or tear-down is an error;
+``seconds`` is how long its three phases took. Once registered, it also takes what propel added out
+of what the code under test reads of its run (``guard.as_a_user``): its module's name from
+``PYTEST_PLUGINS``, its folder from ``PYTHONPATH`` and ``sys.path``.
 """
 
 # a private copy of the builtins, taken before any code of the repository runs: every function this
@@ -63,17 +66,19 @@ KEY, ROOT = ORDERS.get("key", ""), Path(ORDERS.get("root") or os.getcwd())
 SELECT = None if ORDERS.get("select") is None else set(ORDERS["select"])
 LIMITS = ORDERS.get("time_limits") or {}  # node id -> seconds each of its phases may run
 LIMIT = ORDERS.get("time_limit")  # ... for a test not named there (the preflight's: its whole budget)
-_intact = _refusals = _asks = _arm = _disarm = None
+_intact = _refusals = _asks = _within = None
 _plugin_of_the_change = False  # a pytest plugin registered while the change's code ran
-if ORDERS.get("guard"):
-    _guard = importlib.import_module(ORDERS["guard"])
-    _intact = _guard.watch(WATCHED)
-    _refusals, _asks, _arm, _disarm = _guard.install(str(ROOT), ORDERS.get("written") or {})
-    del _guard
 try:
     OUT = os.dup(3)
 except OSError:
     OUT = None
+if ORDERS.get("guard"):
+    _guard = importlib.import_module(ORDERS["guard"])
+    _intact = _guard.watch(WATCHED)
+    _refusals, _asks = _guard.install(str(ROOT), ORDERS.get("written") or {})
+    _within = _guard.time_limit(OUT, KEY) if OUT is not None else None
+    _guard.as_a_user(os.path.dirname(__file__), __name__)
+    del _guard
 
 _phases, _seconds = {}, {}
 _active = True
@@ -143,14 +148,10 @@ def pytest_collection_modifyitems(session, config, items):
 def _limited(item):
     """Each phase of a test (set-up, call, tear-down) under the test's time limit: past it the phase
     raises ``guard.OutOfTime``, and the test fails (an error, in set-up or tear-down)."""
-    seconds = LIMITS.get(item.nodeid, LIMIT)
-    if _arm is None or seconds is None:
+    if _within is None:
         return (yield)
-    _arm(seconds)
-    try:
+    with _within(LIMITS.get(item.nodeid, LIMIT)):
         return (yield)
-    finally:
-        _disarm()
 
 
 pytest_runtest_setup = pytest_runtest_call = pytest_runtest_teardown = pytest.hookimpl(wrapper=True)(_limited)

@@ -1,11 +1,12 @@
 """The replayer: the calls a bug's failing tests made into the repository (``recorder``), made again
 in a process that holds no verdict, on a copy of a fresh checkout made for it.
 
-It runs inside the sandbox as ``python -s -B REPLAYER ORDERS`` in the tests' environment, from a
+It runs inside the sandbox as ``python REPLAYER ORDERS`` in the tests' environment, from a
 folder and file named per run, as the second runner does: it reads its orders (the pickled calls,
 the nonce and descriptor to answer on, the guard's module, the lines the change wrote, the time a
 call may take, and a seed where it should also make calls of its own), deletes them, puts an empty
-module in place of ``__main__`` and installs the guard before any code of the repository is loaded.
+module in place of ``__main__``, installs the guard and makes what the code under test reads of its
+process a plain run's (``guard.as_a_user``) before any code of the repository is loaded.
 Then, for each call in order, it loads the call's arguments and calls what a user reaches by the
 function's name: the module's or the class's attribute of that name (a method with ``self`` first, a
 classmethod with the call's own ``cls``, a property read or set), with the arguments laid out as the
@@ -26,7 +27,8 @@ Everything it uses after the repository's code loads (unpickling, importing, enc
 bound before, and the answer line is encoded by its own few lines, so that code which replaces a
 function of the standard library changes nothing here.
 
-A call that runs past its time is answered ``"timeout"``; after one, the replayer makes no calls
+A call that runs past its time (kept from outside the process, ``guard.time_limit``) is answered
+``"timeout"``; after one, the replayer makes no calls
 of its own, and where its orders say ``stop_when_late`` (a change's replay) it answers every later
 call ``"not reached"`` without making it, so that a loop in the code costs one call's time.
 
@@ -84,8 +86,9 @@ def main() -> None:
     # the folders the tests ran with on the path (the test modules whose classes arguments are), then the root
     sys.path[:0] = [os.path.join(root, path) for path in orders.get("paths") or []] + [root]
     guard = IMPORT(orders["guard"])
-    out_of_time = guard.OutOfTime
-    refusals, _, arm, disarm = guard.install(root, orders.get("written") or {})
+    out_of_time, within = guard.OutOfTime, guard.time_limit(fd, nonce)
+    refusals, _ = guard.install(root, orders.get("written") or {})
+    guard.as_a_user(os.path.dirname(os.path.realpath(__file__)), None, (), orders.get("argv"))
     del guard
     answers, made, size, late = [], [], 0, False
     rng = random.Random(seed)
@@ -93,7 +96,7 @@ def main() -> None:
         if late and orders.get("stop_when_late"):  # one call past its time: the rest is not reached
             answers.append([SHA(NOT_REACHED.encode()).hexdigest(), NOT_REACHED])
             continue
-        answers.append(replay(call, orders["time_limit"], arm, disarm, refusals, out_of_time))
+        answers.append(replay(call, orders["time_limit"], within, refusals, out_of_time))
         late = late or answers[-1][1] == TIMEOUT
         if seed is None or late:  # no calls of its own once one has run out of time: what it costs is bounded
             continue
@@ -106,7 +109,7 @@ def main() -> None:
             if size > MADE_BYTES:
                 break
             made.append([variant, shown, str(index)])
-            answers.append(replay(variant, orders["time_limit"], arm, disarm, refusals, out_of_time))
+            answers.append(replay(variant, orders["time_limit"], within, refusals, out_of_time))
             if answers[-1][1] == TIMEOUT:
                 late = True
                 break
@@ -115,34 +118,30 @@ def main() -> None:
         data = data[WRITE(fd, data) :]
 
 
-def replay(call: str, seconds: float, arm, disarm, refusals, out_of_time) -> list[str]:
+def replay(call: str, seconds: float, within, refusals, out_of_time) -> list[str]:
     """[digest, first characters] of what came of one call (``describe``): what it returned or
     raised, its arguments as it left them, and the warnings it gave (category and text)."""
     before = len(refusals())
-    arm(seconds)
     try:
-        module, qualname, kind, layout, arguments = LOADS(FROM_BASE64(call))
-        printed, streams = STRING_IO(), (sys.stdout, sys.stderr)
-        with CATCH_WARNINGS(record=True) as warned:
-            WARN_ALWAYS("always")
-            sys.stdout = sys.stderr = printed
-            try:
-                returned = ["returned", describe(call_as_a_user(module, qualname, kind, layout, arguments))]
-            except out_of_time:
-                raise
-            except Exception as exc:
-                returned = ["raised", built_in_kind(exc)]  # not its message: a right fix may word it otherwise
-            finally:
-                sys.stdout, sys.stderr = streams
-        given = [[built_in_kind(each.message), WITHOUT_ADDRESSES("0x", str(each.message))[:200]] for each in warned]
-        said = without_addresses(printed.getvalue()[:PRINTED])
-        description = encoded([returned, describe(arguments), given, said])
+        with within(seconds):
+            module, qualname, kind, layout, arguments = LOADS(FROM_BASE64(call))
+            printed, streams = STRING_IO(), (sys.stdout, sys.stderr)
+            with CATCH_WARNINGS(record=True) as warned:
+                WARN_ALWAYS("always")
+                sys.stdout = sys.stderr = printed
+                try:
+                    returned = ["returned", describe(call_as_a_user(module, qualname, kind, layout, arguments))]
+                except Exception as exc:  # past its time, the call is interrupted (no Exception): ``within``
+                    returned = ["raised", built_in_kind(exc)]  # not its message: a right fix may word it otherwise
+                finally:
+                    sys.stdout, sys.stderr = streams
+            given = [[built_in_kind(each.message), WITHOUT_ADDRESSES("0x", str(each.message))[:200]] for each in warned]
+            said = without_addresses(printed.getvalue()[:PRINTED])
+            description = encoded([returned, describe(arguments), given, said])
     except out_of_time:
         description = TIMEOUT
     except BaseException as exc:  # it could not be loaded or found, or it left by SystemExit
         description = encoded([NOT_REPLAYED, type(exc).__name__])
-    finally:
-        disarm()
     if len(refusals()) > before:  # the change asked the guard for something while this call ran
         description = REFUSED
     return [SHA(description.encode()).hexdigest(), description[:SHOWN]]

@@ -1,15 +1,18 @@
 """The second runner: one test, in a fresh process, judged without pytest's reporting where it can.
 
-It runs inside the sandbox as ``python -s -B RUNNER ORDERS`` in the repository's own test
-environment (the variables its test command and registry entry set, ``PYTHONPATH`` with ``src``
-for a src layout) and nothing else (no variable names propel or pytest's plugins), from a folder
-and file whose names are drawn per run. It reads its orders (the tests' node ids, the descriptor to
+It runs inside the sandbox as ``python RUNNER ORDERS`` in the repository's own test environment
+(the sandbox's, with the variables its test command and registry entry set, ``PYTHONPATH`` with
+``src`` for a src layout) and nothing else (no variable names propel or pytest's plugins), from a
+folder and file whose names are drawn per run. It reads its orders (the tests' node ids, the descriptor to
 answer on, the run's nonce, the guard's module and the lines the change wrote) from ORDERS and
 deletes the file before any code of the repository is imported. At that moment it also takes every
 function it calls after the test (``os.write``, unittest's runners), keeps the nonce and the
 descriptor in its own frame only, puts an empty module in place of ``__main__`` (so nothing of it
-can be looked up by name), snapshots the machinery it will call (``guard.watch``) and installs the
-guard (``guard.install``: no frames, ``gc``, ``ctypes`` or processes for the change's code).
+can be looked up by name), snapshots the machinery it will call (``guard.watch``), installs the
+guard (``guard.install``: no frames, ``gc``, ``ctypes`` or processes for the change's code) and
+makes what the code under test reads of its process a plain pytest run's (``guard.as_a_user``: its
+folder off ``sys.path``, libfaketime's variables out of ``os.environ``, ``sys.argv`` the test
+command's).
 
 A plain test (a function, or a method of a plain class or a ``unittest.TestCase``, taking no
 fixtures, in a file that uses no fixtures, marks or parametrization, with no ``conftest.py`` on its
@@ -23,7 +26,8 @@ harness that differs from the first runner's in number, key and format. Outcomes
 ``tampered`` (the machinery that judges a test was changed while it ran). A test the orders give a
 time limit (``time_limits``) fails when it runs past it in its call, and is an error when it does so
 in its import, a set-up or a tear-down, as under the first runner (a test called directly has the
-limit once for all of these; under pytest, each phase has it).
+limit once for all of these; under pytest, each phase has it): the watcher beside the process keeps
+it (``guard.time_limit``) and interrupts the process past it.
 """
 
 # a private copy of the builtins, taken before any code of the repository runs: every function this
@@ -49,8 +53,8 @@ MODULE_HOOKS = (("setup_module", "setUpModule"), ("teardown_module", "tearDownMo
 
 WATCHED = ("unittest", "_pytest", "pytest", "pluggy", "builtins")
 CHANGE = types.SimpleNamespace(asks=lambda: False)  # whether code the change wrote is on the stack (guard)
-#: each test's time limit (node id -> seconds), the guard's arm and disarm, and what a test past it raises
-TIME = types.SimpleNamespace(limits={}, arm=None, disarm=None, out=())
+#: each test's time limit (node id -> seconds), and the context that keeps it (``guard.time_limit``)
+TIME = types.SimpleNamespace(limits={}, within=None, out=())
 
 
 def main() -> None:
@@ -70,7 +74,10 @@ def main() -> None:
         guard = importlib.import_module(orders["guard"])
         intact = guard.watch(WATCHED)
         TIME.limits, TIME.out = orders.get("time_limits") or {}, guard.OutOfTime
-        refusals, CHANGE.asks, TIME.arm, TIME.disarm = guard.install(str(root), orders.get("written") or {})
+        TIME.within = guard.time_limit(fd, nonce)
+        refusals, CHANGE.asks = guard.install(str(root), orders.get("written") or {})
+        here = os.path.dirname(os.path.realpath(__file__))
+        guard.as_a_user(here, None, orders.get("faked") or (), orders.get("argv"))
         del guard
         with warnings.catch_warnings(record=True):  # recorded, as pytest does: never shown with a source line
             outcomes = run(root, tests)
@@ -119,13 +126,11 @@ def _needs_pytest(root: Path, test: str) -> bool:
 def run_alone(root: Path, test: str) -> str:
     """``run_directly`` under the test's time limit: past it, the call fails (``_call``), and an
     import or a set-up or tear-down of a module or class is an error, as under pytest."""
-    TIME.arm(TIME.limits.get(test))
     try:
-        return run_directly(root, test)
+        with TIME.within(TIME.limits.get(test)):
+            return run_directly(root, test)
     except TIME.out:
         return "error"
-    finally:
-        TIME.disarm()
 
 
 def run_directly(root: Path, test: str) -> str:
@@ -140,7 +145,10 @@ def run_directly(root: Path, test: str) -> str:
         result = RESULT()
         # by the name the test is reached by, not its function's own: a generated test (a metaclass
         # or a loop that sets lambdas) has a function named ``<lambda>``
-        SUITE_RUN(SUITE([owner(name)]), result)  # class and module fixtures included
+        try:
+            SUITE_RUN(SUITE([owner(name)]), result)  # class and module fixtures included
+        except KeyboardInterrupt as interrupt:  # the time limit: unittest lets it through
+            return "failed" if _in_the_test(interrupt) else "error"
         if result.errors or result.failures or result.unexpectedSuccesses:
             return "failed"
         return "skipped" if result.skipped else "passed"
@@ -173,7 +181,7 @@ def _call(module, instance, call) -> str:
     try:
         call()
         outcome = "passed"
-    except TIME.out:  # the test's time limit (run_alone) ran out in its call: it failed
+    except KeyboardInterrupt:  # the test's time limit (run_alone) ran out in its call: it failed
         outcome = "failed"
     except Exception as exc:
         outcome = "skipped" if type(exc).__name__ in ("Skipped", "SkipTest") else "failed"
@@ -198,7 +206,7 @@ def _enter(holder, set_up, tear_down, argument) -> bool:
             TEARDOWNS.append((tear_down, argument))
         except Exception:
             SCOPES[id(holder)] = False
-        except TIME.out:  # a set-up past the test's time limit failed for every test of its scope
+        except KeyboardInterrupt:  # a set-up past the test's time limit failed for every test of its scope
             SCOPES[id(holder)] = False
             raise
     return SCOPES[id(holder)]
@@ -217,6 +225,14 @@ def _hook(holder, *names):
         if callable(found):
             return found
     return None
+
+
+def _in_the_test(interrupt: KeyboardInterrupt) -> bool:
+    """Whether an interrupt reached a unittest test in its test method (else in a set-up)."""
+    tb = interrupt.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "_callTestMethod":
+        tb = tb.tb_next
+    return tb is not None
 
 
 def _optional_argument(function, argument) -> None:
@@ -264,11 +280,8 @@ def run_under_pytest(root: Path, tests: list[str]) -> dict[str, str]:
             self.plugin_of_the_change = self.plugin_of_the_change or (plugin is not self and CHANGE.asks())
 
         def limited(self, item):  # each phase under the test's time limit, as under the first runner
-            TIME.arm(TIME.limits.get(item.nodeid))
-            try:
+            with TIME.within(TIME.limits.get(item.nodeid)):
                 return (yield)
-            finally:
-                TIME.disarm()
 
         pytest_runtest_setup = pytest_runtest_call = pytest_runtest_teardown = pytest.hookimpl(wrapper=True)(limited)
 

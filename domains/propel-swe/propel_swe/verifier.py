@@ -49,6 +49,7 @@ MIN_SUITE_SECONDS, SUITE_BUDGET_FACTOR = 30.0, 10.0  # a verification's budget f
 MIN_TEST_SECONDS, TEST_TIME_FACTOR = 5.0, 20.0  # a test's time limit from its own duration (``time_limits``)
 SECOND_RUNNER = (Path(__file__).parent / "second_runner.py").read_bytes()
 GUARD = (Path(__file__).parent / "guard.py").read_bytes()
+WATCHER = (Path(__file__).parent / "watcher.py").read_bytes()
 #: run as ``python -I -S`` in the checkout: removes the git history and everything in the harness's folder argv[1]
 SEAL = """
 import os, shutil, sys
@@ -171,22 +172,24 @@ def run_suite(
 ) -> SuiteRun:
     """Run the test command in its environment with our report plugin (``pytest_report``) and the
     guard beside it, under module and folder names the code under test cannot know in advance; the
-    outcome of each test from the plugin's lines on descriptor 3, the suite's own output to a log
+    outcome of each test from the plugin's lines on descriptor 3, through the watcher (``watcher``,
+    which keeps each test's time limit from outside the process), the suite's own output to a log
     file. ``select``: only these node ids; ``guarding``: what the guard is told (``guard_orders``)."""
     folder, key = f"{OUT_DIR}/run-{secrets.token_hex(8)}", secrets.token_hex(16)
-    plugin, guard = f"p{secrets.token_hex(6)}", f"g{secrets.token_hex(6)}"
+    plugin, guard, watcher = f"p{secrets.token_hex(6)}", f"g{secrets.token_hex(6)}", f"w{secrets.token_hex(6)}"
     made = ws.run(f"mkdir -m 755 {folder}")
     if made.returncode != 0:
         return SuiteRun(status="sandbox_error", detail=f"could not prepare the run: {made.stderr.strip()[-200:]}")
     ws.write(f"{folder}/{plugin}.py", PLUGIN)
     ws.write(f"{folder}/{guard}.py", GUARD)
+    ws.write(f"{folder}/{watcher}.py", WATCHER)
     orders = {"key": key, "root": repo.workdir, "select": select, "guard": guard, **(guarding or {})}
     ws.write(f"{folder}/orders.json", json.dumps(orders).encode())
     prelude, test_command = test_environment(repo)
     command = (
         f"{prelude}\nexport PYTHONPATH={folder}${{PYTHONPATH:+:$PYTHONPATH}} "
         f"PYTEST_PLUGINS={plugin}${{PYTEST_PLUGINS:+,$PYTEST_PLUGINS}}\n"
-        f"{{ {test_command}\n}} 3>&1 >{folder}/suite.log 2>&1"
+        f"{{ {test_command}\n}} 3>&1 >{folder}/suite.log 2>&1 | python -I -S {folder}/{watcher}.py {key}"
     )
     result = ws.run(command, time_limit=time_limit)
     if result.status not in ("ok", "error"):
@@ -542,10 +545,10 @@ def second_run(
     ``shift_clock`` (seconds), under libfaketime with the clock moved that far ahead. Each outcome is
     passed, failed, skipped, error or tampered (the change replaced what judges a test), or why no
     trustworthy answer came."""
-    clock = ""
+    clock, faked = "", ["LD_PRELOAD", "FAKETIME"]  # taken out of what the code under test reads (``as_a_user``)
     if shift_clock:  # libfaketime preloaded: the faketime wrapper needs shared memory the sandbox does not give
         clock = f"LD_PRELOAD={faketime_library()} FAKETIME=+{int(shift_clock)}"
-    orders = {"tests": tests, "root": repo.workdir, **(guarding or {})}
+    orders = {"tests": tests, "root": repo.workdir, "faked": faked if shift_clock else [], **(guarding or {})}
     line, why = fresh_process(ws, repo, SECOND_RUNNER, orders, time_limit, clock)
     outcomes = line.split(" ") if line is not None else []
     if line is not None and (len(outcomes) != len(tests) or not set(outcomes) <= {*OUTCOMES, "tampered"}):
@@ -565,32 +568,36 @@ def fresh_process(
     elsewhere: bool = False,
 ) -> tuple[str | None, str]:
     """Run one of our scripts (the second runner, the replayer) in one fresh process whose environment
-    is the tests' own (``test_environment``: the registry's variables and ``PYTHONPATH``, nothing of
-    propel's, and ``assignments``), started from a file in a fresh folder of its own with the guard
-    beside it, each under a name drawn per run. It reads ``orders`` (to which the guard's module name,
-    a per-run nonce and descriptor are added) and answers with one line on that descriptor, which
-    must start with the nonce. ``elsewhere``: it runs in a copy of the checkout in that fresh folder,
-    under a name drawn per run, not where the runners run. (what follows the nonce, ""), or (None, why no
-    trustworthy answer came)."""
+    is the tests' own (``test_environment``: the sandbox's, the registry's variables and
+    ``PYTHONPATH``, nothing of propel's, and ``assignments``), started from a file in a fresh folder of
+    its own with the guard beside it, each under a name drawn per run. It reads ``orders`` (to which the
+    guard's module name, a per-run nonce and descriptor, and the test command's arguments are added)
+    and answers with one line on that descriptor, which must start with the nonce; the watcher
+    (``watcher``) reads that descriptor first and keeps the time limits the script asks for.
+    ``elsewhere``: it runs in a copy of the checkout in that fresh folder, under a name drawn per run,
+    not where the runners run. (what follows the nonce, ""), or (None, why no trustworthy answer
+    came)."""
     source, nonce = f"{OUT_DIR}/{secrets.token_hex(8)}", secrets.token_hex(16)
     fd = 4 + secrets.randbelow(6)  # not 3, the first runner's; bash keeps 10 and up for itself
     made = ws.run(f"mkdir -m 755 {source}")
     if made.returncode != 0:
         return None, f"could not prepare the run: {made.stderr.strip()[-200:]}"
     name, orders_name, guard = f"r{secrets.token_hex(6)}", f"o{secrets.token_hex(6)}", f"g{secrets.token_hex(6)}"
+    watcher = f"w{secrets.token_hex(6)}"
+    copy = f"$d/w{secrets.token_hex(6)}"
+    prelude, test_command = test_environment(repo, copy if elsewhere else None)
+    told = {**orders, "nonce": nonce, "fd": fd, "guard": guard, "argv": command_arguments(test_command)}
     ws.write(f"{source}/runner.py", script)
     ws.write(f"{source}/guard.py", GUARD)
-    ws.write(f"{source}/orders.json", json.dumps({**orders, "nonce": nonce, "fd": fd, "guard": guard}).encode())
-    copy = f"$d/w{secrets.token_hex(6)}"
-    prelude, _ = test_environment(repo, copy if elsewhere else None)
+    ws.write(f"{source}/watcher.py", WATCHER)
+    ws.write(f"{source}/orders.json", json.dumps(told).encode())
     copied = f" && cp -a {shlex.quote(repo.workdir)}/. {copy}" if elsewhere else ""
-    variables = " ".join(f'"{variable}=${variable}"' for variable in repo.variables() if variable != "PYTHONPATH")
     command = (
         f"python=$(command -v python) && d=$(mktemp -d) && cp {source}/runner.py $d/{name}.py && "
-        f"cp {source}/guard.py $d/{guard}.py && cp {source}/orders.json $d/{orders_name}.json && "
-        f"rm -rf {source}{copied} || exit 1\n{prelude}\n"
-        f'env -i PATH=/usr/bin:/bin HOME=$d LANG=C.UTF-8 {variables} ${{PYTHONPATH:+"PYTHONPATH=$PYTHONPATH"}} '
-        f"{assignments} $python -s -B $d/{name}.py $d/{orders_name}.json {fd}>&1 >$d/log 2>&1"
+        f"cp {source}/guard.py $d/{guard}.py && cp {source}/watcher.py $d/{watcher}.py && "
+        f"cp {source}/orders.json $d/{orders_name}.json && rm -rf {source}{copied} || exit 1\n{prelude}\n"
+        f"{assignments} $python $d/{name}.py $d/{orders_name}.json {fd}>&1 >$d/log 2>&1 | "
+        f"$python -I -S $d/{watcher}.py {nonce}"
     )
     result = ws.run(command, time_limit=time_limit)
     if result.status not in ("ok", "error"):
@@ -599,6 +606,15 @@ def fresh_process(
     if len(lines) != 1 or not lines[0].startswith(nonce + " "):
         return None, f"{len(lines)} lines on its descriptor"
     return lines[0][len(nonce) + 1 :], ""
+
+
+def command_arguments(test_command: str) -> list[str]:
+    """The test command's own arguments, after ``pytest`` (``python -m pytest -q`` -> ``["-q"]``): what
+    the second runner and the replayer put in ``sys.argv`` after pytest's ``__main__``, as the first
+    runner's process has them (``guard.as_a_user``)."""
+    words = shlex.split(test_command)
+    at = next((index for index, word in enumerate(words) if word.rsplit("/", 1)[-1] == "pytest"), len(words))
+    return words[at + 1 :]
 
 
 def record_calls(sandbox, repo: RepoSpec, baseline: Baseline, tests: list[str], budget: float) -> Replay:

@@ -15,6 +15,7 @@ import pytest
 from swe_helpers import BUG, reverted
 
 from propel_core.errors import PropelError
+from propel_swe import guard
 from propel_swe.replay import Replay
 
 FAIL_CLAMP = (
@@ -117,7 +118,7 @@ FILL_THE_DISK = (
 )
 IN_PYTEST = "import os as _os, sys as _sys\nif 'pytest' in _sys.modules:\n"
 FIFO_LOG = IN_PYTEST + (
-    "    _d = [p for p in _os.environ['PYTHONPATH'].split(':') if 'run-' in p][0]\n"
+    "    _d = [_os.path.join('/propel-out', p) for p in _os.listdir('/propel-out') if p.startswith('run-')][0]\n"
     "    _os.unlink(_d + '/suite.log')\n    _os.mkfifo(_d + '/suite.log')\n    _os._exit(1)\n"
 )
 NEXT_RUN_CONFIG = (
@@ -530,19 +531,23 @@ FIX_STOPPED_BY = {
 BUG_STOPPED_BY = {
     "runtest_raises_for_one_test": {"guard", "runners", "replay"},
     "plugin_registered_through_gc": {"guard", "runners", "replay"},
-    "only_under_pytest_plugins": {"screen", "runners", "replay"},
+    # PYTEST_PLUGINS is out of what the code under test reads under every runner (docs/swe.md, "Judged
+    # as used"), whichever layer is on
+    "only_under_pytest_plugins": {"screen", "guard", "runners", "replay"},
     "broken_until_a_date": {"runners", "replay"},
     "wrong_only_for_the_test": {"guard", "replay"},
     "fails_from_a_thread_started_by_a_fresh_thread_module": {"guard", "replay"},
     "test_module_class_swapped": {"guard", "replay"},
     "wrong_in_place_only_for_the_test": {"guard", "replay"},
 }
-INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, sees nothing changed
-    b"class OutOfTime(BaseException):\n    pass\n\n\n"
-    b"def install(root, written):\n"
-    b"    return (lambda: ()), (lambda: False), (lambda seconds: None), (lambda: None)\n\n\n"
-    b"def watch(prefixes):\n    return lambda: []\n"
-)
+GUARD_SOURCE = Path(guard.__file__).read_text()
+INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, sees nothing changed (the rest kept)
+    GUARD_SOURCE.split("\ndef install(")[0]
+    + "\ndef install(root, written):\n    return (lambda: ()), (lambda: False)\n\n\n"
+    + "def as_a_user("
+    + GUARD_SOURCE.split("\ndef as_a_user(")[1].split("\ndef watch(")[0]
+    + "\ndef watch(prefixes):\n    return lambda: []\n"
+).encode()
 
 
 @pytest.fixture(scope="module")
