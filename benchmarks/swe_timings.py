@@ -50,12 +50,14 @@ def step(what: str, arms: dict, repeats: int) -> dict[str, list[float]]:
     return times
 
 
-INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, sees nothing changed
-    b"class OutOfTime(BaseException):\n    pass\n\n\n"
-    b"def install(root, written):\n"
-    b"    return (lambda: ()), (lambda: False), (lambda seconds: None), (lambda: None)\n\n\n"
-    b"def watch(prefixes):\n    return lambda: []\n"
-)
+GUARD_SOURCE = verifier.GUARD.decode()
+INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, sees nothing changed (the rest kept)
+    GUARD_SOURCE.split("\ndef install(")[0]
+    + "\ndef install(root, written):\n    return (lambda: ()), (lambda: False)\n\n\n"
+    + "def as_a_user("
+    + GUARD_SOURCE.split("\ndef as_a_user(")[1].split("\ndef watch(")[0]
+    + "\ndef watch(prefixes):\n    return lambda: []\n"
+).encode()
 
 
 def first_runner_again(ws, repo, tests, time_limit, shift_clock=0, guarding=None):
