@@ -114,13 +114,14 @@ def test_a_warning_is_part_of_what_a_call_answers():
     """A bug that drops a DeprecationWarning changes what its calls answer (more-itertools'
     zip_equal: a flipped version check silences it)."""
     import base64
+    import contextlib
     import pickle
 
     layout = {"positional": ["message", "category"], "varargs": None, "keyword": [], "varkw": None}
 
     def answer(arguments):
         call = base64.b64encode(pickle.dumps(("warnings", "warn", "function", layout, arguments))).decode()
-        return replayer.replay(call, 5.0, lambda seconds: None, lambda: None, lambda: (), TimeoutError)
+        return replayer.replay(call, 5.0, lambda seconds: contextlib.nullcontext(), lambda: (), TimeoutError)
 
     deprecated = answer({"message": "going", "category": DeprecationWarning})
     assert deprecated == answer({"message": "going", "category": DeprecationWarning})
