@@ -122,7 +122,7 @@ def test_a_stop_rule_stops_training_with_one_line(tmp_path, bundle, capsys):
     from propel_core.stages.report import banner_section, stage_states  # the report's banner says so too
 
     train_line = banner_section(stage_states(run)).split("<b>train</b>: ", 1)[1].split("</li>", 1)[0]
-    assert train_line.startswith("stopped at step ") and " of 12 by an audit's stop rule" in train_line
+    assert train_line.startswith("stopped at step ") and " of 12 by an audit&#x27;s stop rule" in train_line
     assert train_line.endswith("to start over: <code>propel train CONFIG checkpoint.resume=false</code>")
 
 
