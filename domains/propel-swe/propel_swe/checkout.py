@@ -43,7 +43,10 @@ def sdist_checkout(requirement: str, downloads: Path, into: Path) -> Path:
         wanted = Requirement(requirement)
     except InvalidRequirement as exc:
         raise PropelError(f"{requirement!r} is not a requirement (name==version): {exc}") from None
-    command = [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps", "-d", str(downloads)]
+    # the project itself from source; its build backend may come as a wheel (uv_build's own sdist builds
+    # maturin from Rust crates: with --no-binary :all: no project built by uv_build could be fetched)
+    only_source = ["--no-binary", canonicalize_name(wanted.name)]
+    command = [sys.executable, "-m", "pip", "download", "-q", *only_source, "--no-deps", "-d", str(downloads)]
     if not sdist_archives(downloads, wanted):
         with exclusive(downloads / ".lock"):  # another process may be fetching it: wait, then look again
             if not sdist_archives(downloads, wanted):

@@ -32,3 +32,17 @@ def test_bugs_and_fixes_of_a_real_repository_are_judged_for_what_they_do(require
     assert found["no_ops_solved"] == 0 and found["readme_edits_solved"] == 0
     assert found["shapes_solved"] == dict.fromkeys(FIX_SHAPES, 1), found["rows"][0]
     assert found["replayed"] >= 1, found["rows"]  # a fix of at least one is judged outside the tests too
+
+
+def test_an_sdist_whose_build_backend_has_no_pure_python_sdist_is_checked_out(tmp_path):
+    """bidict 0.24.1 builds with uv_build, whose own sdist needs Rust crates to build: only the
+    project is fetched from source, its build backend as a wheel (before, every uv_build project
+    failed to download)."""
+    downloads = tmp_path / "sdists"  # not the shared cache: the download itself is what is tested
+    try:
+        checkout = sdist_checkout("bidict==0.24.1", downloads, tmp_path / "into")
+    except PropelError as exc:
+        if "No matching distribution" in str(exc) or "Could not find a version" in str(exc):
+            pytest.skip(str(exc))  # PyPI cannot be reached
+        raise
+    assert (checkout / "bidict" / "__init__.py").is_file() and (checkout / ".git").is_dir()
