@@ -14,8 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field
 
-from propel_core import Context, hookimpl
-from propel_core.records import Label, Task, iter_jsonl
+from propel_core import Context, Label, Task, hookimpl, iter_jsonl
 
 
 @hookimpl

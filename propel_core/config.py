@@ -521,6 +521,37 @@ class SelfTrainConfig(Section):
     batch_size: int = Field(8, gt=0)
 
 
+class RoundsConfig(Section):
+    """``propel rounds``: the generator and the solver trained in turns, the probe refreshed from the
+    trained solver's labels each round (RUN/rounds/rN/)."""
+
+    num_rounds: int = Field(3, gt=0, description="rounds to run; raising it later adds rounds to a finished run")
+    tasks: int = Field(64, gt=0, description="tasks each round's trained generator writes")
+    in_band_probability: float = Field(
+        0.5, gt=0, lt=1, description="the probe's probability from which a round's task trains the solver"
+    )
+    min_solver_tasks: int = Field(
+        4, gt=0, description="when fewer tasks reach in_band_probability, the solver trains on this many best scored"
+    )
+    label_budget: int = Field(
+        16, gt=0, description="tasks labeled per round (label.k attempts each) by the trained solver: refresh and audit"
+    )
+    old_weight: float = Field(
+        0.5, gt=0, le=1, description="share of labels kept per round of age when the probe is refit (1: all kept)"
+    )
+    audit_previous: bool = Field(True, description="label the same tasks with the solver before the round's training")
+    trace: bool = Field(
+        False, description="show the generator the last round's labeled tasks and outcomes (the trace sampler)"
+    )
+    generator: Literal["every_round", "first_round", "base"] = Field(
+        "every_round",
+        description="train the generator every round against its probe, in round 1 only (then kept), or never",
+    )
+    refresh_probe: bool = Field(True, description="refit the probe each round (false: the first one throughout)")
+    held_out: str = Field("tasks.jsonl", description="the solver's held-out tasks: the first held_out_tasks valid")
+    held_out_tasks: int = Field(32, gt=0)
+
+
 class PropelConfig(Section):
     """A whole run. ``run_dir`` is the folder every stage reads from and writes to."""
 
@@ -551,6 +582,7 @@ class PropelConfig(Section):
     rank: RankConfig = RankConfig()
     solve_train: SolveTrainConfig = SolveTrainConfig()
     self_train: SelfTrainConfig = SelfTrainConfig()
+    rounds: RoundsConfig = RoundsConfig()
 
     @field_validator("report_to", mode="before")
     @classmethod

@@ -5,6 +5,7 @@ Every metric comes with a standard error. Texts are split on whitespace for the 
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -12,7 +13,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from propel_core.records import Label, Task
+from propel_core.errors import NotEnoughData
+from propel_core.records import Label, Task, iter_jsonl
 
 #: an evaluation draws its contexts and sampling seeds from the run's seed plus this, so the base arm
 #: writes fresh tasks rather than repeating the labeled corpus (every arm shares them)
@@ -181,6 +183,39 @@ def evaluation_verdict(results: dict[str, dict]) -> str:
     comparisons = {arm: values["vs_base"] for arm, values in results.items() if "vs_base" in values}
     unit = f"paired over {results['base']['generations']} contexts"
     return verdict_sentence(comparisons, utilities["base"], utilities, unit)
+
+
+#: the k of the pass@k a solver's held-out evaluation reports (those up to its attempts)
+PASS_AT = (1, 4, 8, 16)
+
+
+def solver_metrics(counts: list[int], k: int) -> dict[str, float]:
+    """Average score, unbiased pass@k for k in 1, 4, 8, 16 (those <= attempts), zero-success rate."""
+    metrics = {"average_score": sum(counts) / (k * len(counts))}
+    for at in PASS_AT:
+        if at <= k:
+            metrics[f"pass@{at}"] = sum(pass_at_k(k, c, at) for c in counts) / len(counts)
+    metrics["zero_success_rate"] = sum(c == 0 for c in counts) / len(counts)
+    return metrics
+
+
+def held_out_tasks(path: Path, count: int) -> list[Task]:
+    """The first ``count`` valid tasks of ``path``: the same for every run that names the file."""
+    held_out = [task for task in iter_jsonl(path, Task) if task.validity.valid][:count]
+    if not held_out:
+        raise NotEnoughData(f"no valid held-out tasks in {path}")
+    return held_out
+
+
+def split_held_out(path: Path, training: list[Task], count: int) -> tuple[list[Task], list[Task]]:
+    """The first ``count`` valid tasks of ``path`` (the same for every run that names the file, so
+    runs compare prompt by prompt), and the training tasks whose text is not among them."""
+    held_out = held_out_tasks(path, count)
+    texts = {json.dumps(task.text) for task in held_out}
+    training = [task for task in training if json.dumps(task.text) not in texts]
+    if not training:
+        raise NotEnoughData("every training task is also a held-out task")
+    return held_out, training
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -91,6 +91,16 @@ def graded(
         pending = again
 
 
+def solve_counts(services: Services, tasks: list[Task], solver: ModelConfig, k: int, seed: int) -> list[int]:
+    """Successes out of ``k`` attempts per task by ``solver``; every arm draws attempt ``j`` of a task
+    with the same seed."""
+    solved = {
+        task.id: sum(bool(attempt.solved) for attempt in attempts)
+        for task, attempts in graded_attempts(services, tasks, k, solver, seed)
+    }
+    return [solved[task.id] for task in tasks]
+
+
 def journal_path(path: Path) -> Path:
     """Where finished attempts of unfinished labels wait: ``labels.jsonl`` -> ``labels.attempts.jsonl``."""
     return path.with_suffix(".attempts.jsonl")

@@ -20,12 +20,14 @@ plan                     library entry point                           built by
 :class:`SweepPlan`       ``sweep``, ``save_selected``                  ``sweep_plan``
 :class:`EvaluationPlan`  the evaluate stage's arms                     ``evaluation_plan``
 :class:`SamplerPlan`     a context sampler (``sampler(services)``)     ``sampler_plan``
+:class:`RoundPlan`       one round of ``propel rounds``                ``round_plan``
 =======================  ===========================================  ==================================
 """
 
 from __future__ import annotations
 
 import logging
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +43,7 @@ from propel_core.config import (
     ProbeConfig,
     PropelConfig,
     RewardConfig,
+    RoundsConfig,
     SelfTrainConfig,
     SolveTrainConfig,
     TrainConfig,
@@ -172,6 +175,27 @@ class EvaluationPlan:
 
 
 @dataclass(frozen=True)
+class RoundPlan:
+    """Round ``number`` of ``propel rounds``, into ``folder`` (``RUN/rounds/rN``), seeded ``seed``: the
+    generator trained against ``probe`` (``train``, from the last round's adapter), the ``tasks``
+    contexts it writes from, the solver trained on the probe's in-band ones (``solve``, from the last
+    round's adapter), and its ``labels`` of a sample of them (``previous``: the same tasks labeled by
+    the solver the round started with, when audited). With ``rounds.trace`` its generator's contexts
+    (``train.contexts``, ``tasks``) carry a trace of the last round's labels (round 1: the corpus's)."""
+
+    number: int
+    folder: Path
+    options: RoundsConfig
+    probe: ProbeConfig
+    seed: int
+    train: GeneratorPlan
+    tasks: SamplerPlan
+    solve: SolverPlan
+    labels: LabelPlan
+    previous: LabelPlan | None
+
+
+@dataclass(frozen=True)
 class Plans:
     """Every plan of a config, as ``Run.plans`` holds them."""
 
@@ -182,6 +206,7 @@ class Plans:
     evaluate: EvaluationPlan
     solve_train: SolverPlan
     self_train: SelfTrainPlan
+    rounds: RoundPlan
 
 
 def sampler_plan(config: PropelConfig, seed: int) -> SamplerPlan:
@@ -275,6 +300,62 @@ def solver_plan(config: PropelConfig) -> SolverPlan:
     )
 
 
+def round_seed(seed: int, number: int) -> int:
+    """The seed of round ``number`` of a run seeded ``seed``: its contexts, trainings and labels."""
+    return zlib.crc32(f"{seed}/round/{number}".encode())
+
+
+def round_plan(
+    config: PropelConfig,
+    number: int = 1,
+    probe: Path | None = None,
+    generator_adapter: Path | None = None,
+    solver_adapter: Path | None = None,
+) -> RoundPlan:
+    """Round ``number``: its generator starts from ``generator_adapter`` and is paid by the probe bundle
+    ``probe`` (None: the run's selected one), its solver starts from ``solver_adapter`` (None: the base
+    solver, round 1). Its trainings never audit (the round labels the tasks its generator writes) and
+    resume from their last checkpoint."""
+    options, seed = config.rounds, round_seed(config.seed, number)
+    folder = config.run_dir / "rounds" / f"r{number}"
+    reward = config.reward.model_copy(update={"main_probe": str(probe) if probe else config.reward.main_probe})
+    train = generator_plan(config, folder / "train", seed)
+    contexts = train.contexts
+    if options.trace:  # what the solver did with the last round's tasks (round 1: with the corpus)
+        if contexts.name not in ("uniform", "progress"):
+            raise ConfigError(
+                f"rounds.trace wraps generate.context_sampler in the trace sampler, which wraps uniform or progress, "
+                f"not {contexts.name}; set generate.context_sampler to one of them, or rounds.trace: false"
+            )
+        last = config.run_dir / "labels.jsonl" if number == 1 else folder.with_name(f"r{number - 1}") / "labels.jsonl"
+        traced = {"inner": contexts.name, "inner_options": contexts.options, "trace": str(last)}
+        contexts = SamplerPlan("trace", traced, seed)
+    generator = config.generator.with_adapter(generator_adapter)
+    train = replace(train, generator=generator, reward=reward, contexts=contexts, audit=None, resume=True)
+    solve = replace(
+        solver_plan(config),
+        folder=folder / "solve",
+        solver=config.solver.with_adapter(solver_adapter),
+        seed=seed,
+        resume=True,
+    )
+    labels = label_plan(config, seed=seed, description=f"round {number} labels")
+    trained = replace(labels, solver=config.solver.with_adapter(folder / "solve" / "adapter"))
+    previous = replace(labels, solver=solve.solver, description=f"round {number} labels, solver before")
+    return RoundPlan(
+        number=number,
+        folder=folder,
+        options=options,
+        probe=config.probe,
+        seed=seed,
+        train=train,
+        tasks=contexts,
+        solve=solve,
+        labels=trained,
+        previous=previous if options.audit_previous else None,
+    )
+
+
 def self_train_plan(config: PropelConfig) -> SelfTrainPlan:
     return SelfTrainPlan(config.run_dir / "self_train", config.self_train, config.solver, config.lora, config.seed)
 
@@ -315,6 +396,7 @@ def plans_of(config: PropelConfig) -> Plans:
         evaluate=evaluation_plan(config),
         solve_train=solver_plan(config),
         self_train=self_train_plan(config),
+        rounds=round_plan(config),
     )
 
 

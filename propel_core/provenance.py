@@ -50,11 +50,18 @@ DEPENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("seed", "domain", "solver", "solve_train", "lora"),
         (),
     ),
+    # and the rule's own options (reward.options.RULE), which the stage passes
+    "rounds": (
+        (*GENERATOR_TRAINING, "solver", "solve_train", "label", "probe", "reference", "rounds"),
+        ("probes",),
+    ),
 }
 
 #: the last part of a key that never changes what an output holds: how work runs, and how many tasks
 #: (task i is the same whatever the count, so a corpus or an evaluation may grow)
-IRRELEVANT = frozenset({"batch_size", "device", "max_concurrency", "max_retries", "api_key_env", "num_tasks"})
+IRRELEVANT = frozenset(
+    {"batch_size", "device", "max_concurrency", "max_retries", "api_key_env", "num_tasks", "num_rounds"}
+)
 
 FILE = "settings.json"
 

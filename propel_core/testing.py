@@ -300,6 +300,44 @@ def kill_when_written(command: list[str], path: Path, lines: int, timeout: float
     process.wait()
 
 
+#: what the logs of a training (TRL's ``train/log.jsonl`` and each checkpoint's ``trainer_state.json``,
+#: the audits' ``train/audit.jsonl`` and the best one's ``audit.json``) say of how long work took: the
+#: one thing two runs of one seed may write differently, left out of their digests
+WALL_TIME = frozenset({"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "seconds"})
+#: the files that hold nothing but how long work took (the stages', a round's steps): left out whole
+TIMING_FILES = frozenset({"times.json", "timings.json"})
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder`` by relative path, for comparing two runs of one seed: the
+    training's logs without WALL_TIME's keys, the report without its seconds; TIMING_FILES and a folder
+    moved aside (``NAME.old-TIME``, a training started over) left out."""
+    import hashlib
+    import re
+
+    def timeless(value):
+        if isinstance(value, dict):
+            return {key: timeless(item) for key, item in value.items() if key not in WALL_TIME}
+        return [timeless(item) for item in value] if isinstance(value, list) else value
+
+    def content(path):
+        if path.name in ("trainer_state.json", "audit.json"):
+            return json.dumps(timeless(json.loads(path.read_text()))).encode()
+        if path.name in ("log.jsonl", "audit.jsonl"):
+            return "\n".join(json.dumps(timeless(json.loads(line))) for line in path.read_text().splitlines()).encode()
+        if path.name == "report.html":  # its wall-time cells show the stages' seconds
+            return re.sub(r"<span class='seconds'>[^<]*</span>", "", path.read_text()).encode()
+        return path.read_bytes()
+
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(content(path)).hexdigest()
+        for path in folder.rglob("*")
+        if path.is_file()
+        and path.name not in TIMING_FILES
+        and not any(".old-" in part for part in path.relative_to(folder).parts)
+    }
+
+
 def wait_until_up(process: subprocess.Popen, ready, timeout: float):
     """``ready()``'s first answer that does not raise, polled every half second while ``process`` runs;
     None, with the process killed, when it exits or ``timeout`` seconds pass first."""

@@ -54,7 +54,7 @@ def test_the_tiny_config_runs_every_stage_and_repeats_from_its_seed(propel_cli, 
 
     from propel_core.records import Label, iter_jsonl
     from propel_core.stages import STAGES
-    from propel_core.testing import kill_when_written
+    from propel_core.testing import digests, kill_when_written
 
     tiny = Path(__file__).parent / "example_plugin" / "tiny.yaml"
     run = tmp_path / "run"  # both runs write here: the config they record names their run_dir
@@ -82,40 +82,6 @@ def test_the_tiny_config_runs_every_stage_and_repeats_from_its_seed(propel_cli, 
     again = digests(run)
     assert sorted(again) == sorted(first)
     assert [name for name in sorted(first) if first[name] != again[name]] == []
-
-
-#: what the logs of a training (TRL's ``train/log.jsonl`` and each checkpoint's ``trainer_state.json``,
-#: the audits' ``train/audit.jsonl`` and the best one's ``audit.json``) and the stages' ``timings.json``
-#: say of how long work took: the one thing two runs of one seed may write differently, left out of
-#: their digests (and the report's wall-time cells, which show the stages' seconds)
-WALL_TIME = frozenset({"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "seconds"})
-
-
-def digests(folder):
-    """sha256 of every file under ``folder`` by relative path; of the training's logs, without WALL_TIME's keys."""
-    import hashlib
-    import json
-    import re
-
-    def timeless(value):
-        if isinstance(value, dict):
-            return {key: timeless(item) for key, item in value.items() if key not in WALL_TIME}
-        return [timeless(item) for item in value] if isinstance(value, list) else value
-
-    def content(path):
-        if path.name in ("trainer_state.json", "audit.json", "timings.json"):
-            return json.dumps(timeless(json.loads(path.read_text()))).encode()
-        if path.name in ("log.jsonl", "audit.jsonl"):
-            return "\n".join(json.dumps(timeless(json.loads(line))) for line in path.read_text().splitlines()).encode()
-        if path.name == "report.html":
-            return re.sub(r"<span class='seconds'>[^<]*</span>", "", path.read_text()).encode()
-        return path.read_bytes()
-
-    return {
-        str(path.relative_to(folder)): hashlib.sha256(content(path)).hexdigest()
-        for path in folder.rglob("*")
-        if path.is_file()
-    }
 
 
 def test_a_run_records_the_plugin_version_and_refuses_another(example_plugin, tmp_path, monkeypatch, pip_install_into):

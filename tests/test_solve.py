@@ -6,10 +6,11 @@ import pytest
 
 from propel_core.domain import make_task
 from propel_core.errors import PropelError
+from propel_core.evaluation import solver_metrics
 from propel_core.plans import validate_config
 from propel_core.records import JsonlWriter, Label, SolverAttempt
 from propel_core.run import Run
-from propel_core.stages.solve import self_train, solve_train, solver_metrics
+from propel_core.stages.solve import self_train, solve_train
 
 pytestmark = pytest.mark.slow
 

@@ -180,7 +180,7 @@ def test_the_plans_are_frozen():
     from propel_core import plans
 
     kinds = [value for name, value in vars(plans).items() if name.endswith("Plan") or name == "Plans"]
-    assert len(kinds) == 9 and all(
+    assert len(kinds) == 10 and all(
         dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen for kind in kinds
     )
 

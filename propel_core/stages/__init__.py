@@ -22,6 +22,7 @@ from propel_core.stages.label import label
 from propel_core.stages.probe import probe
 from propel_core.stages.rank import rank
 from propel_core.stages.report import report
+from propel_core.stages.rounds import rounds
 from propel_core.stages.solve import self_train, solve_train
 from propel_core.stages.train import train
 
@@ -41,6 +42,7 @@ FOLLOW_UPS: dict[str, Callable[[Run], None]] = {
     "rank": rank,
     "solve-train": solve_train,
     "self-train": self_train,
+    "rounds": rounds,
 }
 
 

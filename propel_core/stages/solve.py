@@ -17,10 +17,9 @@ import json
 import logging
 from pathlib import Path
 
-from propel_core.config import ModelConfig
 from propel_core.errors import NotEnoughData, PropelError
-from propel_core.evaluation import paired_comparison, pass_at_k
-from propel_core.execution import graded_attempts
+from propel_core.evaluation import paired_comparison, solver_metrics, split_held_out
+from propel_core.execution import graded_attempts, solve_counts
 from propel_core.probes.bundles import load_probe
 from propel_core.ranks import is_main
 from propel_core.records import Label, Task, iter_jsonl, to_json
@@ -30,8 +29,6 @@ from propel_core.training.solver import fine_tune_solver, keep_clean, train_solv
 from propel_core.training.solver_reward import verified_corpus
 
 log = logging.getLogger("propel")
-
-PASS_AT = (1, 4, 8, 16)
 
 
 def task_file(run: Run, name: str) -> Path:
@@ -50,19 +47,6 @@ def training_tasks(run: Run, path: Path, in_band_only: bool) -> list[Task]:
     if not tasks:
         raise NotEnoughData(f"no {'in-band ' if in_band_only else ''}valid tasks in {path} to train a solver on")
     return tasks
-
-
-def split_held_out(path: Path, training: list[Task], count: int) -> tuple[list[Task], list[Task]]:
-    """The first ``count`` valid tasks of ``path`` (the same for every run that names the file, so
-    runs compare prompt by prompt), and the training tasks whose text is not among them."""
-    held_out = [task for task in iter_jsonl(path, Task) if task.validity.valid][:count]
-    if not held_out:
-        raise NotEnoughData(f"no valid held-out tasks in {path}")
-    texts = {json.dumps(task.text) for task in held_out}
-    training = [task for task in training if json.dumps(task.text) not in texts]
-    if not training:
-        raise NotEnoughData("every training task is also a held-out task")
-    return held_out, training
 
 
 def solve_train(run: Run) -> None:
@@ -89,7 +73,7 @@ def solve_train(run: Run) -> None:
 
     k = options.eval_k
     per_prompt = {
-        arm: solve_counts(run, held_out, plan.solver.with_adapter(adapter), k, plan.seed)
+        arm: solve_counts(run.services, held_out, plan.solver.with_adapter(adapter), k, plan.seed)
         for arm, adapter in (("base", None), ("trained", folder / "adapter"))
     }
     metrics = {arm: solver_metrics(counts, k) for arm, counts in per_prompt.items()}
@@ -118,26 +102,6 @@ def solve_train(run: Run) -> None:
             f"{name}: wins {comparison['wins']}, losses {comparison['losses']}, ties {comparison['ties']}, "
             f"mean difference {comparison['mean_difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
         )
-
-
-def solve_counts(run: Run, tasks: list[Task], solver: ModelConfig, k: int, seed: int) -> list[int]:
-    """Successes out of ``k`` attempts per task by ``solver``; every arm draws attempt ``j`` of a task
-    with the same seed."""
-    solved = {
-        task.id: sum(bool(attempt.solved) for attempt in attempts)
-        for task, attempts in graded_attempts(run.services, tasks, k, solver, seed)
-    }
-    return [solved[task.id] for task in tasks]
-
-
-def solver_metrics(counts: list[int], k: int) -> dict[str, float]:
-    """Average score, unbiased pass@k for k in 1, 4, 8, 16 (those <= attempts), zero-success rate."""
-    metrics = {"average_score": sum(counts) / (k * len(counts))}
-    for at in PASS_AT:
-        if at <= k:
-            metrics[f"pass@{at}"] = sum(pass_at_k(k, c, at) for c in counts) / len(counts)
-    metrics["zero_success_rate"] = sum(c == 0 for c in counts) / len(counts)
-    return metrics
 
 
 def self_train(run: Run) -> None:

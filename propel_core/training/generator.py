@@ -28,7 +28,7 @@ from propel_core.training.replay import ReplayBuffer, replaying
 from propel_core.training.trainer import (
     checkpointing_argument,
     load_policy,
-    lora_config,
+    new_lora,
     sampled_prompts,
     trainer_arguments,
 )
@@ -104,7 +104,7 @@ def train_generator(services: Services, plan: GeneratorPlan, audit: Audit | None
             args=arguments,
             train_dataset=dataset,
             processing_class=tokenizer,
-            peft_config=lora_config(plan.lora),
+            peft_config=new_lora(generator, plan.lora),
             **(multi_turn if domain.multi_turn else {}),
         )
     if train_config.use_vllm:

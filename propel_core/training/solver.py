@@ -22,7 +22,7 @@ from propel_core.training.feedback import logged_steps, reward_never_moved
 from propel_core.training.pace import Pace
 from propel_core.training.replay import ReplayBuffer, replaying
 from propel_core.training.solver_reward import SolverRewards
-from propel_core.training.trainer import load_policy, lora_config, sampled_prompts, trainer_arguments
+from propel_core.training.trainer import load_policy, new_lora, sampled_prompts, trainer_arguments
 from propel_core.training.zero_variance import zero_variance_trainer
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def train_solver(
         args=arguments,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=lora_config(plan.lora),
+        peft_config=new_lora(solver, plan.lora),
     )
     with pace.attached(trainer):
         train_and_save(trainer, folder, model_source(solver.model, solver.revision), checkpoint)
@@ -165,7 +165,7 @@ def fine_tune_solver(
         args=arguments,
         train_dataset=Dataset.from_list(mixed),
         processing_class=tokenizer,
-        peft_config=lora_config(plan.lora),
+        peft_config=new_lora(solver, plan.lora),
     )
     with Pace(services, "self-train", first="updating").attached(trainer):  # SFT: no sampling, no reward
         train_and_save(trainer, folder, model_source(solver.model, solver.revision))

@@ -58,14 +58,27 @@ def checkpointing_argument(config_class) -> str:
 
 
 def load_policy(model: ModelConfig):
-    """The tokenizer and model of a role to be trained, and the path they came from."""
+    """The tokenizer and model of a role to be trained, and the path they came from. A role with an
+    adapter trains that adapter on (loaded trainable; :func:`new_lora` then adds none): a round of
+    ``propel rounds`` starts from the round before's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model(model.model)
     tokenizer = AutoTokenizer.from_pretrained(path, revision=model.revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer, AutoModelForCausalLM.from_pretrained(path, revision=model.revision), str(path)
+    policy = AutoModelForCausalLM.from_pretrained(path, revision=model.revision)
+    if model.adapter:
+        from peft import PeftModel
+
+        policy = PeftModel.from_pretrained(policy, model.adapter, is_trainable=True)
+    return tokenizer, policy, str(path)
+
+
+def new_lora(model: ModelConfig, lora: LoraConfig):
+    """The LoRA adapter a training of ``model`` adds (:func:`lora_config`): none where the role's own
+    adapter trains on."""
+    return None if model.adapter else lora_config(lora)
 
 
 def lora_config(lora: LoraConfig, r: int | None = None, alpha: int | None = None):
