@@ -33,6 +33,8 @@ from pathlib import Path
 
 import yaml
 
+from propel_core.evaluation import rounds_curve
+
 ARMS = {
     "base": ["rounds.generator=base", "rounds.refresh_probe=false"],
     "fixed": ["rounds.generator=first_round", "rounds.refresh_probe=false"],
@@ -69,41 +71,17 @@ def main() -> None:
         for arm in arms:
             print(f"{arm}: round {number}", flush=True)
             propel("rounds", args.config, f"run_dir={out / arm}", f"rounds.num_rounds={number}", *ARMS[arm])
-    found = {arm: curve(out / arm, count) for arm in arms}
+    found = {arm: curve(out / arm) for arm in arms}
     (out / "rounds.json").write_text(json.dumps(found, indent=2) + "\n")
     figure(out / "rounds.png", found)
     print(table(found))
 
 
-def curve(folder: Path, count: int) -> list[dict]:
-    """Per round (0: the base solver): the held-out score and its interval, the in-band rates for the
-    trained and the previous solver, the generator's last probe reward, and the solver attempts spent
-    so far (the corpus's labels included)."""
+def curve(folder: Path) -> list[dict]:
+    """The arm's rows (:func:`propel_core.evaluation.rounds_curve`), its solver attempts counting the
+    corpus's labels too."""
     corpus = sum(len(json.loads(line)["attempts"]) for line in (folder / "labels.jsonl").read_text().splitlines())
-    base = json.loads((folder / "rounds" / "r0" / "held_out.json").read_text())
-    spent = corpus + base["k"] * len(base["counts"])
-    rows = [{"round": 0, "score": base["metrics"]["average_score"], "ci95": base["ci95"], "attempts": spent}]
-    for number in range(1, count + 1):
-        found = json.loads((folder / "rounds" / f"r{number}" / "round.json").read_text())
-        spent += found["solver_attempts"]["total"]
-        times = json.loads((folder / "rounds" / f"r{number}" / "times.json").read_text())
-        rows.append(
-            {
-                "round": number,
-                "score": found["held_out"]["metrics"]["average_score"],
-                "ci95": found["held_out"]["ci95"],
-                "vs_base": found["held_out"]["vs_base"]["mean_difference"],
-                "vs_base_ci95": found["held_out"]["vs_base"]["ci95"],
-                "in_band_trained": (found["in_band"]["trained_solver"] or {}).get("in_band"),
-                "in_band_previous": (found["in_band"]["previous_solver"] or {}).get("in_band"),
-                "generator_reward": found["generator_reward"],
-                "probe_auc": found["probe_auc_on_round_labels"],
-                "solver_tasks": len(found["tasks"]["ids"]),
-                "attempts": spent,
-                "seconds": round(sum(times.values())),
-            }
-        )
-    return rows
+    return [row | {"attempts": row["attempts"] + corpus} for row in rounds_curve(folder / "rounds")]
 
 
 def table(found: dict[str, list[dict]]) -> str:

@@ -249,10 +249,31 @@ def _follow_ups(config: PropelConfig, plans: Plans, costs: _Costs, registry: Reg
     costs.attempts(self_train, config.generate.num_tasks * plans.self_train.options.k, plans.self_train.solver)
     self_train.add(None)
     rank = Stage("rank", seconds=None)
+    rounds = _rounds(plans, costs)
     costs.note("coevolve: its extra probes are not counted; evaluate then has a third arm (the co-evolved)")
     costs.note("self-train: counted on the corpus (generate.num_tasks tasks); its fine-tuning was not timed")
     costs.note("rank: the ranker's training was not timed (mle_cost.py timed its scoring only)")
-    return [coevolve, solve, self_train, rank]
+    costs.note("rounds: its probe refits are not counted (one head at one cell on the labels so far: seconds)")
+    return [coevolve, solve, self_train, rank, rounds]
+
+
+def _rounds(plans: Plans, costs: _Costs) -> Stage:
+    """``propel rounds``: per round the generator's training (``rounds.generator`` says in which),
+    its tasks, the labeled sample (twice when audited), the solver's training and the held-out
+    evaluation (the base solver's once more)."""
+    stage, plan = Stage("rounds"), plans.rounds
+    options, train, solve = plan.options, plan.train.train, plan.solve.options
+    trainings = {"every_round": options.num_rounds, "first_round": 1, "base": 0}[options.generator]
+    steps = trainings * train.steps * train.per_device_batch * train.gradient_accumulation
+    check = costs.checks.generation
+    costs.rollouts(stage, steps, train.max_completion_length, plan.train.generator, "generator", check)
+    costs.generations(stage, options.num_rounds * options.tasks, plan.train.generator)
+    sample = options.num_rounds * options.label_budget * plan.labels.label.k
+    costs.attempts(stage, sample * (2 if plan.previous else 1), plan.labels.solver)
+    rollouts = options.num_rounds * solve.steps * solve.per_device_batch
+    costs.rollouts(stage, rollouts, solve.max_completion_length, plan.solve.solver, "solver", costs.checks.attempt)
+    costs.attempts(stage, (options.num_rounds + 1) * options.held_out_tasks * solve.eval_k, plan.solve.solver)
+    return stage
 
 
 def _minutes(seconds: float | None) -> str:

@@ -308,3 +308,41 @@ def histogram_plot(path: Path, results: dict[str, dict], k: int, band) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def rounds_curve(folder: Path) -> list[dict]:
+    """What ``propel rounds`` left in ``folder`` (``RUN/rounds``), a row per round: round 0 the base
+    solver's held-out score, then each finished round's (``round.json``): its held-out score and 95%
+    interval, the paired difference with the base solver, the in-band rates of its sample for the
+    trained solver and the one before, the stale probe's AUC on those labels, the generator's last
+    probe reward, the solver attempts spent so far (the corpus's labels not included) and its seconds."""
+    base = folder / "r0" / "held_out.json"
+    if not base.exists():
+        return []
+    found = json.loads(base.read_text())
+    spent = found["k"] * len(found["counts"])
+    rows = [{"round": 0, "score": found["metrics"]["average_score"], "ci95": found["ci95"], "attempts": spent}]
+    number = 1
+    while (summary := folder / f"r{number}" / "round.json").exists():
+        found = json.loads(summary.read_text())
+        spent += found["solver_attempts"]["total"]
+        times = folder / f"r{number}" / "times.json"
+        held_out, rates = found["held_out"], found["in_band"]
+        rows.append(
+            {
+                "round": number,
+                "score": held_out["metrics"]["average_score"],
+                "ci95": held_out["ci95"],
+                "vs_base": held_out["vs_base"]["mean_difference"],
+                "vs_base_ci95": held_out["vs_base"]["ci95"],
+                "in_band_trained": (rates["trained_solver"] or {}).get("in_band"),
+                "in_band_previous": (rates["previous_solver"] or {}).get("in_band"),
+                "probe_auc": found["probe_auc_on_round_labels"],
+                "generator_reward": found["generator_reward"],
+                "solver_tasks": len(found["tasks"]["ids"]),
+                "attempts": spent,
+                "seconds": round(sum(json.loads(times.read_text()).values())) if times.exists() else None,
+            }
+        )
+        number += 1
+    return rows

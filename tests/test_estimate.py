@@ -7,8 +7,9 @@ from importlib.resources import files
 import pytest
 import yaml
 
+from propel_core.config import LabelConfig, SolveTrainConfig, TrainConfig
 from propel_core.estimate import estimate, estimate_lines
-from propel_core.plans import load_config, plans_of
+from propel_core.plans import load_config, plans_of, validate_config
 from propel_core.plugins import Registry
 
 DEMO = files("propel_core") / "configs" / "demo.yaml"
@@ -116,3 +117,19 @@ def test_propel_config_prints_the_estimate_after_the_config(propel_cli, tmp_path
     assert table["label"][:4] == ["0", "8,192", "0", "131,072"]
     assert table["evaluate"][:2] == ["512", "8,192"] and table["total"][1] == "16,896"
     assert any(line.startswith("  - rollout: ") and "train_busy.py" in line for line in lines)
+
+
+def test_rounds_count_each_round_and_the_generator_trainings_its_setting_asks_for():
+    def rounds(**options):
+        config = validate_config({"domain": {"name": "arithmetic"}, "rounds": options})
+        return estimate(config, plans_of(config), Registry.build()).stage("rounds")
+
+    every, once = rounds(num_rounds=3), rounds(num_rounds=3, generator="first_round")
+    train, solve = TrainConfig(), SolveTrainConfig()
+    per_training = train.steps * train.per_device_batch * train.gradient_accumulation
+    assert every.rollouts - once.rollouts == 2 * per_training
+    assert every.rollouts == 3 * per_training + 3 * solve.steps * solve.per_device_batch
+    k = LabelConfig().k
+    assert every.attempts == 3 * 16 * k * 2 + 4 * 32 * solve.eval_k  # two labelings a round, held out 3 + 1 times
+    assert rounds(num_rounds=3, audit_previous=False).attempts == every.attempts - 3 * 16 * k
+    assert every.generations == 3 * 64

@@ -135,3 +135,8 @@ def test_two_rounds_resume_after_kill_9_and_repeat_from_the_seed(probed, propel_
     # a setting a round depends on, changed, is refused before anything runs
     refused = propel_cli("rounds", str(TINY), f"run_dir={again}", *ROUNDS, "rounds.old_weight=0.9", check=False)
     assert refused.returncode != 0 and "rounds.old_weight: 0.5 -> 0.9" in refused.stderr
+
+    # the report draws the rounds
+    propel_cli("-q", "report", str(TINY), f"run_dir={again}", *ROUNDS)
+    page = (again / "report.html").read_text()
+    assert "Rounds: does the solver learn" in page and "alt='held-out score and in-band rate per round'" in page

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from propel_core.config import PropelConfig, dump_config
-from propel_core.evaluation import evaluation_verdict, shift_text
+from propel_core.evaluation import evaluation_verdict, rounds_curve, shift_text
 from propel_core.execution import ungradable_line
 from propel_core.plugins import Registry
 from propel_core.provenance import refusals, stage_times
@@ -112,7 +112,7 @@ def pipeline_sections(run: Run, states: list[StageState]) -> list[tuple[str, str
     of its own, so a command that adds a section adds one line here."""
     root = run.dir
     selected = main_probe(run.services, run.config.reward)
-    return [
+    sections = [
         ("Does it work? Base vs trained (real solver runs)", headline_section(root)),
         ("Can I trust the probe? Held-out rows vs the policy's own tasks", trust_section(root, selected)),
         ("Stages: what ran, solver attempts, wall time", stages_section(states)),
@@ -120,6 +120,9 @@ def pipeline_sections(run: Run, states: list[StageState]) -> list[tuple[str, str
         ("Training", training_section(root, run.registry, run.config.train.steps)),
         ("Solve counts, base vs trained", evaluation_section(root)),
     ]
+    if (root / "rounds").exists():
+        sections.insert(1, ("Rounds: does the solver learn, and does the frontier follow it?", rounds_section(root)))
+    return sections
 
 
 def header_section(run: Run) -> str:
@@ -889,3 +892,75 @@ def examples_section(root: Path, k: int, per_bucket: int = 2) -> str:
             text = task.text if isinstance(task.text, str) else "\n---\n".join(task.text or [])
             parts.append(f"<p class='task'>{html.escape(text)}</p>")
     return "".join(parts) or "<p>no labeled tasks.</p>"
+
+
+def rounds_section(root: Path) -> str:
+    """``propel rounds``: per round, the trained solver's held-out score (round 0: the base solver's)
+    and the real in-band rate of the round's tasks for the solver the generator was trained for and
+    for the trained one, as a figure and a table (:func:`~propel_core.evaluation.rounds_curve`)."""
+    rows = rounds_curve(root / "rounds")
+    if len(rows) < 2:
+        return "<p>No round has finished yet: <code>propel rounds CONFIG</code> goes on where it stopped.</p>"
+    rounds_figure(root / "rounds" / "rounds.png", rows)
+    table = [
+        [
+            row["round"],
+            Markup(f"{row['score']:.3f} [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]"),
+            shift_of(row),
+            _number(row.get("in_band_previous")),
+            _number(row.get("in_band_trained")),
+            _number(row.get("probe_auc")),
+            _number(row.get("generator_reward")),
+            row["attempts"],
+            "" if row.get("seconds") is None else Markup(f"<span class='seconds'>{row['seconds']}</span>"),
+        ]
+        for row in rows
+    ]
+    header = [
+        "round",
+        "held-out score [95%]",
+        "vs the base solver [95%]",
+        "in band: solver before",
+        "in band: trained solver",
+        "probe AUC on the round's labels",
+        "generator's probe reward",
+        "solver attempts so far",
+        "seconds",
+    ]
+    return image(root / "rounds" / "rounds.png", "held-out score and in-band rate per round") + rows_table(
+        header, table
+    )
+
+
+def shift_of(row: dict) -> str:
+    if "vs_base" not in row:
+        return ""
+    low, high = row["vs_base_ci95"]
+    return f"{row['vs_base']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def rounds_figure(path: Path, rows: list[dict]) -> None:
+    """The held-out score per round with its interval, and each round's in-band rates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (score, band) = plt.subplots(1, 2, figsize=(10, 3.5))
+    low = [row["score"] - row["ci95"][0] for row in rows]
+    high = [row["ci95"][1] - row["score"] for row in rows]
+    score.errorbar(
+        [row["round"] for row in rows], [row["score"] for row in rows], yerr=[low, high], marker="o", capsize=3
+    )
+    score.set(xlabel="round (0: the base solver)", ylabel="held-out average score", ylim=(-0.05, 1.05))
+    later = rows[1:]
+    for key, label in (("in_band_previous", "for the solver before"), ("in_band_trained", "for the trained solver")):
+        kept = [row for row in later if row.get(key) is not None]
+        band.plot([row["round"] for row in kept], [row[key] for row in kept], marker="o", label=label)
+    band.set(xlabel="round", ylabel="in-band rate of the round's tasks", ylim=(-0.05, 1.05))
+    band.legend()
+    for axis in (score, band):
+        axis.xaxis.get_major_locator().set_params(integer=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from propel_core.errors import NotEnoughData, PropelError
-from propel_core.evaluation import held_out_tasks, paired_comparison, solver_metrics
+from propel_core.evaluation import held_out_tasks, paired_comparison, rounds_curve, solver_metrics
 from propel_core.execution import label_tasks, sample_tasks, solve_counts
 from propel_core.plans import RoundPlan, round_plan
 from propel_core.probes.activations import labeled_rows
@@ -76,7 +76,7 @@ def rounds(run: Run) -> None:
         if trains_generator(plan):
             generator = plan.train.folder / "adapter"
         solver = plan.solve.folder / "adapter"
-    run.say(curve(folder, first.options.num_rounds))
+    run.say(curve(folder))
 
 
 def held_out_of(run_dir: Path, options) -> list[Task]:
@@ -299,29 +299,23 @@ def summary(run: Run, plan: RoundPlan, probe: Path, tasks: list[Task]) -> dict:
     }
 
 
-def curve(folder: Path, count: int) -> str:
-    """The rounds' held-out score and the in-band rates, a line each."""
+def curve(folder: Path) -> str:
+    """The rounds' held-out score and in-band rates, a line each (:func:`rounds_curve`)."""
     lines = []
-    base = read_json(folder / "r0" / "held_out.json", None)
-    if base:
-        low, high = base["ci95"]
-        lines.append(f"r0  held-out score {base['metrics']['average_score']:.3f} [{low:.3f}, {high:.3f}]")
-    for number in range(1, count + 1):
-        found = read_json(folder / f"r{number}" / "round.json", None)
-        if found is None:
-            continue
-        score, (low, high) = found["held_out"]["metrics"]["average_score"], found["held_out"]["ci95"]
-        rates = found["in_band"]
-        now, before = rates["trained_solver"], rates["previous_solver"]
-        lines.append(
-            f"r{number}  held-out score {score:.3f} [{low:.3f}, {high:.3f}]  in band for the trained solver "
-            f"{rate(now)}, for the solver before {rate(before)}  solver attempts {found['solver_attempts']['total']}"
-        )
+    for row in rounds_curve(folder):
+        low, high = row["ci95"]
+        line = f"r{row['round']}  held-out score {row['score']:.3f} [{low:.3f}, {high:.3f}]"
+        if row["round"]:
+            line += (
+                f"  in band for the trained solver {rate(row['in_band_trained'])}, for the solver before "
+                f"{rate(row['in_band_previous'])}  solver attempts so far {row['attempts']}"
+            )
+        lines.append(line)
     return "\n".join(lines)
 
 
-def rate(found: dict | None) -> str:
-    return "-" if not found or found["in_band"] is None else f"{found['in_band']:.2f} of {found['labels']}"
+def rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def shown(run_dir: Path, path: Path) -> str:
