@@ -1,24 +1,32 @@
 """Does a solver learn more when the generator and the probe follow it round by round than from a
 fixed curriculum? (issue 59; docs/experiment.md, "Rounds")
 
-    .venv/bin/python benchmarks/rounds.py [benchmarks/rounds.yaml] [--out runs/rounds] [--arms base,fixed,rounds]
+    .venv/bin/python benchmarks/rounds.py [benchmarks/rounds.yaml] [--out runs/rounds]
+        [--arms base,fixed,retrained,rounds]
 
-1. One corpus for every arm: the config's generate, label, extract and probe stages in OUT/corpus.
-2. Each arm is a copy of that folder running ``propel rounds`` with the same seed, so every arm's
-   round r draws the same contexts and seeds and scores its solver on the same held-out tasks (the
-   first ``rounds.held_out_tasks`` valid tasks of the corpus, which no arm trains on):
-   - ``base``: the base generator writes every round's tasks (``rounds.generator=base``, the first
-     probe throughout): a fixed curriculum of the untrained generator;
-   - ``fixed``: one generator trained once against the fixed probe (``first_round``, no refresh);
-   - ``rounds``: the generator retrained every round against the probe refitted from the trained
+1. One corpus for every arm: the config's generate, label, extract and probe stages in OUT/corpus;
+   the solver's held-out tasks are written apart (OUT/held_out, another seed), so neither the probe
+   nor a trace ever sees them, and a round's task that repeats one (spacing and case aside) never
+   trains the solver.
+2. Each arm is a copy of the corpus folder running ``propel rounds`` with the same seed, so round r
+   of every arm draws the same contexts and seeds, and every held-out evaluation is seeded alike:
+   - ``base``: the base generator writes every round's tasks and the solver trains on any of them
+     (no probe filter): the fixed curriculum of the untrained generator;
+   - ``fixed``: one generator trained once against the fixed probe (round 1), the solver on the
+     tasks that probe scores in band;
+   - ``retrained``: the generator trained every round, against the same fixed probe (as long as
+     ``rounds``' training, so the refresh alone tells ``rounds`` from it);
+   - ``rounds``: the generator trained every round against the probe refitted from the trained
      solver's labels.
-   Every arm spends the same solver attempts by construction: the same corpus, a labeled sample
-   twice a round, the same solver training rollouts and held-out evaluation.
-   The solver-in-the-loop arm (``sil``, a live solver reward for every generator rollout) is left out:
-   it would spend ``label.k`` solver attempts per generator rollout, more than each round's budget.
+   Every arm labels the same number of tasks a round (the benchmark stops where two arms' attempts
+   differ) and trains the solver for the same steps.
+   The solver-in-the-loop arm (``sil``: ``reward.rule=solver_in_the_loop``, live labels by the
+   round's solver) is not run here: its generator steps wait on the solver at every rollout, which
+   this CPU cannot fit beside the four arms in the experiment's time.
 3. The arms run interleaved, one round of each in turn, and resume where they stopped
-   (``rounds.num_rounds`` grows by one per turn). OUT/rounds.json and OUT/rounds.png hold the
-   held-out score per round with its 95% interval, the in-band rates, and the attempts spent.
+   (``rounds.num_rounds`` grows by one per turn). OUT/rounds.json holds every arm's rows and each
+   arm's paired comparison with ``base`` per round (same held-out tasks, same attempt seeds);
+   OUT/rounds.png the held-out score and the utility per round.
 """
 
 from __future__ import annotations
@@ -33,13 +41,16 @@ from pathlib import Path
 
 import yaml
 
-from propel_core.evaluation import rounds_curve
+from propel_core.evaluation import paired_comparison, rounds_curve
 
 ARMS = {
-    "base": ["rounds.generator=base", "rounds.refresh_probe=false"],
+    "base": ["rounds.generator=base", "rounds.refresh_probe=false", "rounds.in_band_probability=1e-9"],
     "fixed": ["rounds.generator=first_round", "rounds.refresh_probe=false"],
+    "retrained": ["rounds.refresh_probe=false"],
     "rounds": [],
 }
+#: the held-out tasks' own seed: apart from the corpus's (the config's seed) and every round's
+HELD_OUT_SEED = 7
 PROPEL = str(Path(sys.executable).with_name("propel"))
 
 
@@ -60,21 +71,43 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
     count = yaml.safe_load(Path(args.config).read_text())["rounds"]["num_rounds"]
-    corpus = out / "corpus"
+    corpus, held_out = out / "corpus", (out / "held_out").resolve()
+    print("held-out tasks", flush=True)
+    propel("generate", args.config, f"run_dir={held_out}", f"seed={HELD_OUT_SEED}")
     for stage in ("generate", "label", "extract", "probe"):
         print(f"corpus: {stage}", flush=True)
         propel(stage, args.config, f"run_dir={corpus}")
     for arm in arms:
         if not (out / arm).exists():
             shutil.copytree(corpus, out / arm)
+    apart = f"rounds.held_out={held_out / 'tasks.jsonl'}"
     for number in range(1, count + 1):  # interleaved: round r of every arm before round r + 1 of any
         for arm in arms:
             print(f"{arm}: round {number}", flush=True)
-            propel("rounds", args.config, f"run_dir={out / arm}", f"rounds.num_rounds={number}", *ARMS[arm])
+            propel("rounds", args.config, f"run_dir={out / arm}", f"rounds.num_rounds={number}", apart, *ARMS[arm])
+        spent = {arm: curve(out / arm)[-1]["attempts"] for arm in arms}
+        if len(set(spent.values())) > 1:
+            raise SystemExit(f"round {number}: the arms spent different solver attempts {spent}; raise rounds.tasks")
     found = {arm: curve(out / arm) for arm in arms}
-    (out / "rounds.json").write_text(json.dumps(found, indent=2) + "\n")
+    against = {arm: versus(out / arm, out / arms[0]) for arm in arms[1:]}
+    (out / "rounds.json").write_text(json.dumps({"arms": found, f"vs_{arms[0]}": against}, indent=2) + "\n")
     figure(out / "rounds.png", found)
-    print(table(found))
+    print(table(found, against, arms[0]))
+
+
+def versus(folder: Path, other: Path) -> list[dict]:
+    """Per round, the paired comparison of this arm's solver with ``other``'s on the held-out tasks:
+    the same tasks, the same attempt seeds."""
+    rows, number = [], 1
+    while (mine := folder / "rounds" / f"r{number}" / "held_out.json").exists():
+        theirs = other / "rounds" / f"r{number}" / "held_out.json"
+        if not theirs.exists():
+            break
+        ours, base = (json.loads(path.read_text()) for path in (mine, theirs))
+        rates = [[count / found["k"] for count in found["counts"]] for found in (ours, base)]
+        rows.append({"round": number, **paired_comparison(*rates)})
+        number += 1
+    return rows
 
 
 def curve(folder: Path) -> list[dict]:
@@ -84,25 +117,28 @@ def curve(folder: Path) -> list[dict]:
     return [row | {"attempts": row["attempts"] + corpus} for row in rounds_curve(folder / "rounds")]
 
 
-def table(found: dict[str, list[dict]]) -> str:
+def table(found: dict[str, list[dict]], against: dict[str, list[dict]], base: str) -> str:
     def number(value, digits=3):
         return "-" if value is None else f"{value:.{digits}f}"
 
     lines = [
-        "| arm | round | held-out score [95%] | vs base solver [95%] | in band: trained / previous solver "
-        "| probe AUC | attempts | s |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| arm | round | held-out score [95%] | vs {base}, paired [95%] | utility: trained-for / trained solver "
+        "| probe AUC | solver tasks | attempts | s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, rows in found.items():
+        paired = {row["round"]: row for row in against.get(arm, [])}
         for row in rows:
             low, high = row["ci95"]
-            versus = "-"
-            if "vs_base" in row:
-                versus = f"{row['vs_base']:+.3f} [{row['vs_base_ci95'][0]:+.3f}, {row['vs_base_ci95'][1]:+.3f}]"
-            rates = f"{number(row.get('in_band_trained'), 2)} / {number(row.get('in_band_previous'), 2)}"
+            shift = "-"
+            if row["round"] in paired:
+                compared = paired[row["round"]]
+                shift = f"{compared['mean_difference']:+.3f} [{compared['ci95'][0]:+.3f}, {compared['ci95'][1]:+.3f}]"
+            utility = f"{number(row.get('utility_previous'), 2)} / {number(row.get('utility_trained'), 2)}"
             lines.append(
-                f"| {arm} | {row['round']} | {row['score']:.3f} [{low:.3f}, {high:.3f}] | {versus} | {rates} "
-                f"| {number(row.get('probe_auc'), 2)} | {row['attempts']} | {row.get('seconds', '-')} |"
+                f"| {arm} | {row['round']} | {row['score']:.3f} [{low:.3f}, {high:.3f}] | {shift} | {utility} "
+                f"| {number(row.get('probe_auc'), 2)} | {row.get('solver_tasks', '-')} | {row['attempts']} "
+                f"| {row.get('seconds', '-')} |"
             )
     return "\n".join(lines)
 
@@ -120,9 +156,9 @@ def figure(path: Path, found: dict[str, list[dict]]) -> None:
         errors = [[row["score"] - row["ci95"][0] for row in rows], [row["ci95"][1] - row["score"] for row in rows]]
         score.errorbar(x, y, yerr=errors, marker="o", capsize=3, label=arm)
         later = rows[1:]
-        band.plot([row["round"] for row in later], [row["in_band_trained"] for row in later], marker="o", label=arm)
+        band.plot([row["round"] for row in later], [row["utility_previous"] for row in later], marker="o", label=arm)
     score.set(xlabel="round (0: the base solver)", ylabel="held-out average score", title="The solver")
-    band.set(xlabel="round", ylabel="in band for the trained solver", title="The generator's tasks")
+    band.set(xlabel="round", ylabel="utility for the solver it was trained for", title="The generator's tasks")
     for axes in (score, band):
         axes.legend()
         axes.xaxis.get_major_locator().set_params(integer=True)

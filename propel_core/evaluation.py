@@ -313,8 +313,9 @@ def histogram_plot(path: Path, results: dict[str, dict], k: int, band) -> None:
 def rounds_curve(folder: Path) -> list[dict]:
     """What ``propel rounds`` left in ``folder`` (``RUN/rounds``), a row per round: round 0 the base
     solver's held-out score, then each finished round's (``round.json``): its held-out score and 95%
-    interval, the paired difference with the base solver, the in-band rates of its sample for the
-    trained solver and the one before, the stale probe's AUC on those labels, the generator's last
+    interval, the paired difference with the base solver, the in-band rates of its labeled sample for
+    the trained solver and the one before (and the utility they give: times the share of the round's
+    generations that were valid), the stale probe's AUC on those labels, the generator's last
     probe reward, the solver attempts spent so far (the corpus's labels not included) and its seconds."""
     base = folder / "r0" / "held_out.json"
     if not base.exists():
@@ -327,7 +328,9 @@ def rounds_curve(folder: Path) -> list[dict]:
         found = json.loads(summary.read_text())
         spent += found["solver_attempts"]["total"]
         times = folder / f"r{number}" / "times.json"
-        held_out, rates = found["held_out"], found["in_band"]
+        held_out, rates, tasks = found["held_out"], found["in_band"], found["tasks"]
+        valid = tasks["valid"] / tasks["generated"] if tasks.get("generated") else None
+        trained, previous = ((rates[key] or {}).get("in_band") for key in ("trained_solver", "previous_solver"))
         rows.append(
             {
                 "round": number,
@@ -335,8 +338,11 @@ def rounds_curve(folder: Path) -> list[dict]:
                 "ci95": held_out["ci95"],
                 "vs_base": held_out["vs_base"]["mean_difference"],
                 "vs_base_ci95": held_out["vs_base"]["ci95"],
-                "in_band_trained": (rates["trained_solver"] or {}).get("in_band"),
-                "in_band_previous": (rates["previous_solver"] or {}).get("in_band"),
+                "in_band_trained": trained,
+                "in_band_previous": previous,
+                "utility_trained": None if trained is None or valid is None else trained * valid,
+                "utility_previous": None if previous is None or valid is None else previous * valid,
+                "labeled": (rates["trained_solver"] or {}).get("labels"),
                 "probe_auc": found["probe_auc_on_round_labels"],
                 "generator_reward": found["generator_reward"],
                 "solver_tasks": len(found["tasks"]["ids"]),

@@ -180,7 +180,9 @@ class RoundPlan:
     generator trained against ``probe`` (``train``, from the last round's adapter), the ``tasks``
     contexts it writes from, the solver trained on the probe's in-band ones (``solve``, from the last
     round's adapter), and its ``labels`` of a sample of them (``previous``: the same tasks labeled by
-    the solver the round started with, when audited). With ``rounds.trace`` its generator's contexts
+    the solver the round started with, when audited). Every round's held-out evaluation, and the base
+    solver's, is seeded ``held_out_seed``, so scores compare attempt by attempt across rounds and runs.
+    With ``rounds.trace`` its generator's contexts
     (``train.contexts``, ``tasks``) carry a trace of the last round's labels (round 1: the corpus's)."""
 
     number: int
@@ -188,6 +190,7 @@ class RoundPlan:
     options: RoundsConfig
     probe: ProbeConfig
     seed: int
+    held_out_seed: int
     train: GeneratorPlan
     tasks: SamplerPlan
     solve: SolverPlan
@@ -339,6 +342,8 @@ def round_plan(
         seed=seed,
         resume=True,
     )
+    # a rule reading live solver utility (solver_in_the_loop) asks the solver the round starts from
+    train = replace(train, solve=replace(train.solve, solver=solve.solver))
     labels = label_plan(config, seed=seed, description=f"round {number} labels")
     trained = replace(labels, solver=config.solver.with_adapter(folder / "solve" / "adapter"))
     previous = replace(labels, solver=solve.solver, description=f"round {number} labels, solver before")
@@ -348,6 +353,7 @@ def round_plan(
         options=options,
         probe=config.probe,
         seed=seed,
+        held_out_seed=round_seed(config.seed, 0),
         train=train,
         tasks=contexts,
         solve=solve,

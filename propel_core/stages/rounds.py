@@ -64,8 +64,8 @@ def rounds(run: Run) -> None:
     base = folder / "r0" / "held_out.json"
     if not base.exists():
         run.say(f"rounds: the base solver on {len(held_out)} held-out tasks")
-        counts = solve_counts(run.services, held_out, config.solver, config.solve_train.eval_k, first.seed)
-        write_json(base, held_out_summary(counts, config.solve_train.eval_k, None, None, first.seed))
+        counts = solve_counts(run.services, held_out, config.solver, config.solve_train.eval_k, first.held_out_seed)
+        write_json(base, held_out_summary(counts, config.solve_train.eval_k, None, None, first.held_out_seed))
     probe, generator, solver = selected, None, None
     for number in range(1, first.options.num_rounds + 1):
         plan = round_plan(config, number, probe, generator, solver)
@@ -108,8 +108,8 @@ def play_round(run: Run, plan: RoundPlan, probe: Path, held_out: list[Task], sel
         sample_tasks(services, writer, contexts, folder / "tasks.jsonl", plan.seed)
 
     tasks = [task for task in iter_jsonl(folder / "tasks.jsonl", Task) if task.validity.valid]
-    texts = {json.dumps(task.text) for task in held_out}
-    fresh = [task for task in tasks if json.dumps(task.text) not in texts]
+    texts = {same_text(task) for task in held_out}
+    fresh = [task for task in tasks if same_text(task) not in texts]
     labeled = options.label_budget
     if len(fresh) < options.label_budget + options.min_solver_tasks:  # too few for both: half of them each
         labeled = min(options.label_budget, len(fresh) // 2)
@@ -140,7 +140,7 @@ def play_round(run: Run, plan: RoundPlan, probe: Path, held_out: list[Task], sel
     @step("held_out", f"the trained solver on {len(held_out)} held-out tasks")
     def _():
         k = plan.solve.options.eval_k
-        counts = solve_counts(services, held_out, plan.labels.solver, k, plan.seed)
+        counts = solve_counts(services, held_out, plan.labels.solver, k, plan.held_out_seed)
         before = read_json(folder.parent / f"r{plan.number - 1}" / "held_out.json", {})["counts"]
         base = read_json(folder.parent / "r0" / "held_out.json", {})["counts"]
         write_json(folder / "held_out.json", held_out_summary(counts, k, base, before, plan.seed))
@@ -205,6 +205,11 @@ class Steps:
             write_json(self.folder / "done.json", self.done)
 
         return run_step
+
+
+def same_text(task: Task) -> str:
+    """A task's text as held-out tasks are told apart from a round's: spacing and case aside."""
+    return " ".join(json.dumps(task.text).lower().split())
 
 
 def trains_generator(plan: RoundPlan) -> bool:
@@ -279,7 +284,7 @@ def summary(run: Run, plan: RoundPlan, probe: Path, tasks: list[Task]) -> dict:
     attempts = {
         "labels": k * len(labels),
         "labels_previous": k * sum(1 for _ in iter_jsonl(folder / "labels_previous.jsonl", Label)),
-        "solver_training": solve.steps * solve.per_device_batch,
+        "solver_training": verifier_calls(plan.solve.folder / "reward_log.jsonl"),
         "held_out": solve.eval_k * len(read_json(folder / "held_out.json", {"counts": []})["counts"]),
     }
     log_path = plan.train.folder / "reward_log.jsonl"
@@ -287,7 +292,11 @@ def summary(run: Run, plan: RoundPlan, probe: Path, tasks: list[Task]) -> dict:
     return {
         "round": plan.number,
         "probe": shown(run.dir, probe),
-        "tasks": {"valid": len(tasks), **read_json(folder / "solver_tasks.json", {})},
+        "tasks": {
+            "generated": sum(1 for _ in iter_jsonl(folder / "tasks.jsonl", Task)),
+            "valid": len(tasks),
+            **read_json(folder / "solver_tasks.json", {}),
+        },
         "generator_reward": rewards[-1].get("reward_mean") if rewards else None,
         "in_band": {
             "trained_solver": in_band(folder / "labels.jsonl"),
@@ -297,6 +306,13 @@ def summary(run: Run, plan: RoundPlan, probe: Path, tasks: list[Task]) -> dict:
         "held_out": {key: value for key, value in read_json(folder / "held_out.json", {}).items() if key != "counts"},
         "solver_attempts": attempts | {"total": sum(attempts.values())},
     }
+
+
+def verifier_calls(path: Path) -> int:
+    """The solver attempts a solve-train's rewards graded: its reward log's last count, the further
+    draws of ``zero_variance: refill`` included."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return json.loads(lines[-1]).get("verifier_calls", 0) if lines else 0
 
 
 def curve(folder: Path) -> str:
