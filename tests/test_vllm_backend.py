@@ -26,7 +26,9 @@ pytestmark = pytest.mark.slow
 
 def test_missing_vllm_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` meets where vLLM is not installed
-    with pytest.raises(PropelError, match=r"needs vLLM: run scripts/setup.sh"):
+    with pytest.raises(
+        PropelError, match=r"needs vLLM: on a CPU, the two commands of the README's 'vLLM on CPU by pip'"
+    ):
         Registry.build().backend(ModelConfig(backend="vllm"))
 
 
