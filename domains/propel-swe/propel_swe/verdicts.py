@@ -6,8 +6,8 @@ revert must solve it, a change that does nothing (a comment) and an edit of a fi
 (the README) must not, and on the first valid bug the revert written in each ordinary shape of fix
 (``FIX_SHAPES``: a module-level ``re.compile``, an ``object()`` sentinel, a new standard import, an
 ``lru_cache`` decorator, a dataclass, a docstring that mentions pytest, one more ``@property``) must
-solve it too. ``propel swe verdicts CONFIG`` prints the survey; the tests run it on a src-layout and
-a flat repository from PyPI, and ``benchmarks/swe_repos.py`` on three.
+solve it too. ``propel swe verdicts CONFIG`` prints the survey; the tests run it on four repositories
+from PyPI (tests/test_real_repos.py), and ``benchmarks/swe_repos.py`` on five (docs/swe.md).
 """
 
 from __future__ import annotations
