@@ -52,6 +52,11 @@ MODULE_HOOKS = (("setup_module", "setUpModule"), ("teardown_module", "tearDownMo
 
 
 WATCHED = ("unittest", "_pytest", "pytest", "pluggy", "builtins")
+#: the warning pytest gives for the environment's plugins, which this runner imports before ``pytest.main``
+#: (``_import_environment_plugins``) and pytest's start does not: ignored, as a filter on pytest's command
+#: line (applied after the repository's ``filterwarnings``), so ``filterwarnings = error`` does not make
+#: it an internal error of every test run under pytest here while plain pytest runs them
+PLUGINS_IMPORTED_FIRST = "ignore:Module already imported so cannot be rewritten:pytest.PytestAssertRewriteWarning"
 CHANGE = types.SimpleNamespace(asks=lambda: False)  # whether code the change wrote is on the stack (guard)
 #: each test's time limit (node id -> seconds), and the context that keeps it (``guard.time_limit``)
 TIME = types.SimpleNamespace(limits={}, within=None, out=())
@@ -97,7 +102,9 @@ def _import_environment_plugins() -> None:
     environment turns their loading off) before the snapshot, as pytest's start imports them before
     the first runner's report plugin takes its own: what they change in pytest as they load
     (hypothesis's plugin wraps the fixture marker) is then the environment's under both runners, not
-    the change's. A plugin that fails to import is left to pytest, which will say so."""
+    the change's. A plugin that fails to import is left to pytest, which will say so. Pytest warns
+    that it cannot rewrite the asserts of a plugin imported before it starts; that warning alone is
+    ignored (``PLUGINS_IMPORTED_FIRST``)."""
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         return
     from importlib.metadata import entry_points
@@ -301,7 +308,7 @@ def run_under_pytest(root: Path, tests: list[str]) -> dict[str, str]:
 
     recorder = Recorder()
     os.chdir(root)
-    pytest.main([*tests, "-q", "-p", "no:cacheprovider"], plugins=[recorder])
+    pytest.main([*tests, "-q", "-p", "no:cacheprovider", "-W", PLUGINS_IMPORTED_FIRST], plugins=[recorder])
     if recorder.plugin_of_the_change:  # pytest's config reached (sys.meta_path holds it) and used
         return dict.fromkeys(tests, "tampered")
     return {test: recorder.outcomes.get(test, "error") for test in tests}

@@ -12,6 +12,7 @@ from swe_helpers import BUG, fenced, scripted
 from propel_core.embedded import cache_dir
 from propel_core.errors import PropelError
 from propel_swe.checkout import git_checkout, python_environment
+from propel_swe.verifier import second_run, workspace
 
 PROPERTY_TEST = """\
 from hypothesis import given, strategies as st
@@ -26,17 +27,29 @@ def test_clamp_to_itself(x):
 
 
 @pytest.fixture(scope="module")
-def hypothesis_domain(tmp_path_factory):
-    """The tiny repository with a conftest and a hypothesis test, its suite run in an environment that
-    has hypothesis installed (so its pytest plugin loads in both runners)."""
+def hypothesis_env() -> Path:
+    """An environment with pytest and hypothesis (whose pytest plugin loads in both runners)."""
     try:
-        env = python_environment(cache_dir() / "swe" / "test-env-hypothesis", ["pytest", "hypothesis"])
+        return python_environment(cache_dir() / "swe" / "test-env-hypothesis", ["pytest", "hypothesis"])
     except PropelError as exc:
         pytest.skip(str(exc))
-    repo = Path(shutil.copytree(DATA / "tinystats", tmp_path_factory.mktemp("repos") / "tinystats"))
+
+
+def with_hypothesis(folder: Path, env: Path, config: str = ""):
+    """The swe domain on the tiny repository with a conftest and a hypothesis test, its suite run in
+    ``env``; ``config``: the text of a ``pytest.ini`` it gets."""
+    repo = Path(shutil.copytree(DATA / "tinystats", folder / "repos" / "tinystats"))
     (repo / "tests" / "conftest.py").write_text("import pytest  # every test now runs under pytest\n")
     (repo / "tests" / "test_properties.py").write_text(PROPERTY_TEST)
-    return local_domain("tinystats", git_checkout(repo), env, tmp_path_factory.mktemp("hypothesis"))
+    if config:
+        (repo / "pytest.ini").write_text(config)
+    (folder / "domain").mkdir()
+    return local_domain("tinystats", git_checkout(repo), env, folder / "domain")
+
+
+@pytest.fixture(scope="module")
+def hypothesis_domain(hypothesis_env, tmp_path_factory):
+    return with_hypothesis(tmp_path_factory.mktemp("hypothesis"), hypothesis_env)
 
 
 def test_a_bug_is_valid_and_its_revert_solves_it_with_hypothesis_in_the_environment(hypothesis_domain):
@@ -54,6 +67,18 @@ def test_a_bug_is_valid_and_its_revert_solves_it_with_hypothesis_in_the_environm
     assert fixed.solved is True, fixed.reason
     nothing = domain.grade(payload, domain.solver_episode(payload, scripted(fenced("submit"))))
     assert nothing.solved is False
+
+
+def test_the_second_runner_judges_a_clean_checkout_as_pytest_does_under_filterwarnings_error(hypothesis_env, tmp_path):
+    """The second runner imports the environment's plugins before ``pytest.main``, and pytest warns that
+    it cannot rewrite them; a repository's ``filterwarnings = error`` made that warning an internal
+    error, so every test run under pytest there was an ``error`` on the clean checkout too (blinker)."""
+    domain = with_hypothesis(tmp_path, hypothesis_env, "[pytest]\nfilterwarnings = error\n")
+    repo = domain.repos["tinystats"]
+    baseline = domain.baseline(repo)
+    assert baseline.status == "ok" and baseline.test_count == 8 and baseline.failures == 0
+    with workspace(domain.sandbox, repo) as ws:
+        assert second_run(ws, repo, sorted(baseline.tests), 60) == baseline.tests  # before: each an error
 
 
 GENERATED = """\
