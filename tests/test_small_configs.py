@@ -41,3 +41,13 @@ def test_the_domains_page_has_a_row_for_each_small_config():
     for domain in DOMAINS:
         (row,) = [row for row in rows if f"configs/small/{domain}.yaml" in row]
         assert row.split("|")[1].strip() == domain, row
+
+
+def test_the_package_ships_the_small_configs():
+    """An installed propel (not only a source checkout) finds them: pyproject's package data names them."""
+    import tomllib
+
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package = ROOT / "propel_core"
+    for path in SMALL.glob("*.yaml"):
+        assert any(path.relative_to(package).match(pattern) for pattern in shipped["propel_core"]), path
