@@ -67,6 +67,11 @@ class Replay(BaseModel):
     described: int = Field(
         1, description="how its answers were described (replayer.DESCRIBED); one described otherwise is not compared"
     )
+    hash_seed: int | None = Field(
+        None,
+        description="the string hash seed (PYTHONHASHSEED) every replay of these calls runs with, drawn per "
+        "verification: what iterates in hash order answers alike in each; None: each process's own",
+    )
 
     @property
     def judged(self) -> int:

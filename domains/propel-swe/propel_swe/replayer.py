@@ -6,13 +6,15 @@ folder and file named per run, as the second runner does: it reads its orders (t
 the nonce and descriptor to answer on, the guard's module, the lines the change wrote, the time a
 call may take, and a seed where it should also make calls of its own), deletes them, puts an empty
 module in place of ``__main__``, installs the guard and makes what the code under test reads of its
-process a plain run's (``guard.as_a_user``) before any code of the repository is loaded.
+process a plain run's (``guard.as_a_user``: the string hash seed the harness starts it with,
+``PYTHONHASHSEED``, out of ``os.environ``) before any code of the repository is loaded.
 Then, for each call in order, it loads the call's arguments and calls what a user reaches by the
 function's name: the module's or the class's attribute of that name (a method with ``self`` first, a
 classmethod with the call's own ``cls``, a property read or set), with the arguments laid out as the
 original function took them (``recorder``). It describes what came of it as data, as a test compares
 it (``describe``): the value returned (values that ``==`` makes equal alike whatever their class: a
-float and the int it equals, a str subclass and its text, a Counter and the dict it equals; floats
+float and the int it equals, a str subclass and its text, a Counter, or a mapping that is no dict,
+and the dict it equals; floats
 to twelve significant digits; every item of a sequence, the first ``ITEMS`` in full and the rest in a
 digest; an object's attributes, ``__slots__`` included; never an address, in a repr or in a text) or
 the nearest built-in type of the exception raised, the arguments as the call left
@@ -43,6 +45,7 @@ __builtins__ = dict(vars(__import__("builtins")))
 
 import binascii
 import collections
+import collections.abc
 import hashlib
 import importlib
 import io
@@ -70,9 +73,10 @@ WITHOUT_ADDRESSES = re.compile(r"0x[0-9a-fA-F]+").sub
 #: an object's default repr kept in a text ("<Foo object at 0x7f...>"): the address goes, the rest stays
 ADDRESS_IN_TEXT = re.compile(r" at 0x[0-9a-fA-F]+").sub
 #: how answers are described: a replay recorded under another number is not compared (``Replay.judged``)
-DESCRIBED = 2
+DESCRIBED = 3
 PRINTED = 10_000  # characters of what a call printed that its description keeps
 STRING_IO, ORDERED = io.StringIO, collections.OrderedDict
+MAPPING, SET = collections.abc.Mapping, collections.abc.Set
 ESCAPED = {'"': '\\"', "\\": "\\\\"}
 
 
@@ -88,7 +92,10 @@ def main() -> None:
     guard = IMPORT(orders["guard"])
     out_of_time, within = guard.OutOfTime, guard.time_limit(fd, nonce)
     refusals, _ = guard.install(root, orders.get("written") or {})
-    guard.as_a_user(os.path.dirname(os.path.realpath(__file__)), None, (), orders.get("argv"))
+    # the string hash seed the harness gave every replay of these calls, unless the tests' environment set its own
+    given = orders.get("hash_seed") is not None and os.environ.get("PYTHONHASHSEED") == str(orders["hash_seed"])
+    hashing = ("PYTHONHASHSEED",) if given else ()
+    guard.as_a_user(os.path.dirname(os.path.realpath(__file__)), None, hashing, orders.get("argv"))
     del guard
     answers, made, size, late = [], [], 0, False
     rng = random.Random(seed)
@@ -185,8 +192,9 @@ def built_in_kind(exc: BaseException) -> str:
 def describe(value, depth: int = 0):
     """``value`` as plain data (text, lists, None and booleans), as ``==`` compares it: numbers that
     compare equal alike (floats to twelve significant digits), a subclass of str, int, float, list,
-    tuple, dict (an OrderedDict apart) or set as the built-in value it equals, containers as they
-    are (a set or a dict in sorted order; a sequence's items past ``ITEMS`` in a digest), an
+    tuple, dict (an OrderedDict apart) or set, and any other ``collections.abc.Mapping`` or ``Set``,
+    as the built-in value it equals, containers as they are (a set or a dict in sorted order; a
+    sequence's items past ``ITEMS`` in a digest), an
     iterator's first ``ITEMS`` items, another object as its type and attributes, ``__slots__``
     included; no address, in a repr or in a text."""
     kind = type(value)
@@ -215,13 +223,15 @@ def describe(value, depth: int = 0):
         items = [describe(item, depth + 1) for item in islice(value, ITEMS)]
         rest = SHA(encoded([describe(item, depth + 1) for item in islice(value, ITEMS, None)]).encode()).hexdigest()
         return [base.__module__ + "." + base.__qualname__, str(len(value)), items, rest]
-    if isinstance(value, dict):
+    if isinstance(value, MAPPING):
         pairs = [[describe(key, depth + 1), describe(item, depth + 1)] for key, item in islice(value.items(), ITEMS)]
         if isinstance(value, ORDERED):  # an OrderedDict (an LRU's order) as it is kept
             return [name, str(len(value)), pairs]
-        # any other dict (a Counter, a defaultdict) as the dict it equals, in sorted order, as == compares them
+        # any other mapping (a Counter, a defaultdict, one that is no dict: pyrsistent's PMap, whose
+        # attributes are hash buckets laid out by the process's hash seed) as the dict it equals, in
+        # sorted order, as == compares them
         return ["builtins.dict", str(len(value)), sorted(pairs, key=encoded)]
-    if isinstance(value, set | frozenset):  # a set and a frozenset of the same items are ==
+    if isinstance(value, SET):  # a set, a frozenset and any other set (a PSet, dict.keys()) of the same items are ==
         items = [describe(item, depth + 1) for item in islice(value, ITEMS)]
         return ["builtins.set", str(len(value)), sorted(items, key=encoded)]
     if isinstance(value, BaseException):

@@ -68,6 +68,9 @@ SRC_LAYOUT = (
 # a time drawn afresh in it, so a bug that comes back periodically (years ending in 6) has no fixed
 # shift to aim at
 CLOCK_SHIFT_DAYS = (400, 3650)
+#: the string hash seeds a replay is drawn from (``PYTHONHASHSEED``: 1 to 2**32 - 1; 0 would turn hashing's
+#: randomization off, which ``sys.flags`` shows and a plain run does not)
+HASH_SEEDS = 2**32 - 1
 
 
 class SuiteRun(BaseModel):
@@ -642,8 +645,10 @@ def record_calls(sandbox, repo: RepoSpec, baseline: Baseline, tests: list[str], 
         except (OSError, PropelError, ValueError, KeyError, TypeError) as exc:
             raise PropelError(f"the recording wrote no calls ({ran.status}): {exc}") from exc
         seal(ws)
-        calls = [call["call"] for call in recorded]
-        first = replay_answers(ws, repo, Replay(calls=calls, paths=paths), budget, None, secrets.randbits(64))
+        calls, hash_seed = [call["call"] for call in recorded], 1 + secrets.randbelow(HASH_SEEDS)
+        first = replay_answers(
+            ws, repo, Replay(calls=calls, paths=paths, hash_seed=hash_seed), budget, None, secrets.randbits(64)
+        )
         if first is None:
             raise PropelError("the original code gave no answer to the recorded calls")
         answered = [
@@ -651,10 +656,12 @@ def record_calls(sandbox, repo: RepoSpec, baseline: Baseline, tests: list[str], 
             for call, answer in zip(in_order(recorded, first["made"]), first["answers"], strict=False)
             if answer[1] != TIMEOUT  # a change's replay would end there: the call is not made again
         ]
-        kept = Replay(calls=[call for (call, _), _ in answered], paths=paths)
+        kept = Replay(calls=[call for (call, _), _ in answered], paths=paths, hash_seed=hash_seed)
         second = replay_answers(ws, repo, kept, budget, None)
     calls_made, answers = [call for call, _ in answered], [answer for _, answer in answered]
-    return of_the_original(calls_made, answers, second, paths, not skipped and len(answered) == len(first["answers"]))
+    replay = of_the_original(calls_made, answers, second, paths, not skipped and len(answered) == len(first["answers"]))
+    replay.hash_seed = hash_seed
+    return replay
 
 
 def change_answers(
@@ -677,7 +684,10 @@ def replay_answers(
     """What the replayer answers to the calls of ``replay`` in a fresh process on checkout ``ws``
     (``replay.answers_of``), or None where no trustworthy answer came. ``guarding``: what the guard is
     told about a change, whose replay ends at its first call past its time; None for the original
-    code, which makes every call."""
+    code, which makes every call. The process starts with the replay's string hash seed
+    (``PYTHONHASHSEED``, unless the tests' environment sets one), so that a set of strings iterates
+    in one order in the original's replays and a change's; the replayer takes it out of what the code
+    under test reads (``guard.as_a_user``), and a change cannot set it for a process already started."""
     orders = {
         "calls": replay.calls,
         "paths": replay.paths,
@@ -686,8 +696,10 @@ def replay_answers(
         "seed": seed,
         "variants": VARIANTS,
         "stop_when_late": guarding is not None,
+        "hash_seed": replay.hash_seed,
     }
-    line, _ = fresh_process(ws, repo, REPLAYER, {**orders, **(guarding or {})}, budget, elsewhere=True)
+    hashing = f"PYTHONHASHSEED=${{PYTHONHASHSEED:-{int(replay.hash_seed)}}}" if replay.hash_seed is not None else ""
+    line, _ = fresh_process(ws, repo, REPLAYER, {**orders, **(guarding or {})}, budget, hashing, elsewhere=True)
     return answers_of(line) if line is not None else None
 
 

@@ -2,13 +2,16 @@
 again by the change's code outside the tests, in a process that holds no verdict, and compared in the
 harness with the original code's answers. The attacks each layer stops alone are in test_hostile.py."""
 
+import collections.abc
 import json
 import re
 
 import pytest
+from conftest import local_domain
 from swe_helpers import BUG, reverted
 
 from propel_swe import replayer, verifier
+from propel_swe.checkout import git_checkout
 from propel_swe.replay import Replay
 
 CLAMP = "tests/test_core.py::test_clamp"
@@ -184,3 +187,143 @@ def test_a_replay_described_otherwise_is_not_compared():
     them (the other layers judge it), rather than refused for a difference of description."""
     assert Replay(answers=["a", ""], described=replayer.DESCRIBED).judged == 1
     assert Replay(answers=["a", ""]).judged == 0  # recorded before the description was numbered
+
+
+class Buckets:
+    """Pairs kept in hash buckets (as pyrsistent's PMap and PSet keep their items): how they are laid
+    out follows the order they came in, and, for strings, the process's hash seed."""
+
+    def __init__(self, pairs):
+        self.buckets = [[] for _ in range(8)]
+        for key, item in pairs:
+            self.buckets[hash(key) % 8].append((key, item))
+
+    def __iter__(self):
+        return (key for bucket in self.buckets for key, _ in bucket)
+
+    def __len__(self):
+        return sum(len(bucket) for bucket in self.buckets)
+
+    def __contains__(self, key):
+        return any(key == each for each, _ in self.buckets[hash(key) % 8])
+
+
+class Table(Buckets):
+    def __getitem__(self, key):
+        return next(item for each, item in self.buckets[hash(key) % 8] if each == key)
+
+    def items(self):
+        return [(key, self[key]) for key in self]
+
+
+collections.abc.Mapping.register(Table)
+collections.abc.Set.register(Buckets)
+
+
+def test_a_mapping_or_set_that_is_no_dict_or_set_is_described_as_the_one_it_equals():
+    """A registered ``Mapping`` or ``Set`` is described by its items, not by its buckets: the same
+    items laid out otherwise are described alike, and as the dict or set they equal."""
+    pairs = [(key, key * 2) for key in range(0, 24, 4)]  # 0, 8 and 16 share a bucket, 4, 12 and 20 another
+    table, again = Table(pairs), Table(pairs[::-1])
+    assert table.buckets != again.buckets
+    assert replayer.describe(table) == replayer.describe(again) == replayer.describe(dict(pairs))
+    assert replayer.describe(table) != replayer.describe(Table(pairs[1:]))
+    members, reordered = Buckets((key, None) for key, _ in pairs), Buckets((key, None) for key, _ in pairs[::-1])
+    assert replayer.describe(members) == replayer.describe(reordered) == replayer.describe({key for key, _ in pairs})
+    assert replayer.describe(members) != replayer.describe(Table(pairs))
+
+
+HASHED = """\
+import collections.abc
+
+
+class Tally:
+    \"\"\"Counts kept in hash buckets, as pyrsistent's PMap keeps its items: a Mapping by registration.\"\"\"
+
+    def __init__(self, pairs):
+        self.buckets = [[] for _ in range(8)]
+        for word, count in pairs:
+            self.buckets[hash(word) % 8].append((word, count))
+
+    def __getitem__(self, word):
+        return next(count for each, count in self.buckets[hash(word) % 8] if each == word)
+
+    def __iter__(self):
+        return (word for bucket in self.buckets for word, _ in bucket)
+
+    def __len__(self):
+        return sum(len(bucket) for bucket in self.buckets)
+
+    def items(self):
+        return [(word, self[word]) for word in self]
+
+    def __eq__(self, other):
+        return dict(self.items()) == dict(other.items())
+
+    def __reduce__(self):  # pickled by its items, laid out again where it loads
+        return Tally, (self.items(),)
+
+
+collections.abc.Mapping.register(Tally)
+
+
+def tally(words):
+    return Tally([(word, words.count(word)) for word in set(words)])
+
+
+def distinct(words):
+    return list(set(words))
+"""
+HASHED_TESTS = """\
+from words.core import distinct, tally
+
+WORDS = ["fig", "cherry", "apple", "elder", "banana", "date", "apple"]
+
+
+def test_tally():
+    assert tally(WORDS) == {word: 2 if word == "apple" else 1 for word in WORDS}
+
+
+def test_distinct():
+    assert sorted(distinct(WORDS)) == sorted(set(WORDS))
+"""
+#: a bug in each function: what its calls return is laid out, or ordered, by the process's hash seed
+HASHED_BUGS = {
+    "tally": ("    return Tally([(word, words.count(word)) for", "    return Tally([(word, words.count(word) + 1) for"),
+    "distinct": ("    return list(set(words))", "    return list(set(words[1:]))"),
+}
+
+
+def words_diff(before: str, after: str) -> str:
+    import difflib
+
+    lines = difflib.unified_diff(before.splitlines(True), after.splitlines(True), "a/words/core.py", "b/words/core.py")
+    return "".join(lines)
+
+
+@pytest.fixture(scope="module")
+def hashed_domain(test_env, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repos") / "words"
+    (repo / "words").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "words" / "__init__.py").write_text("")
+    (repo / "words" / "core.py").write_text(HASHED)
+    (repo / "tests" / "test_words.py").write_text(HASHED_TESTS)
+    return local_domain("words", git_checkout(repo), test_env, tmp_path_factory.mktemp("words"))
+
+
+@pytest.mark.parametrize("function", sorted(HASHED_BUGS))
+def test_a_bug_in_what_iterates_in_hash_order_is_valid_and_its_revert_solves_it(hashed_domain, function):
+    """pyrsistent's case: the original's two replays and the revert's each ran with a hash seed of
+    their own, so what a call answered (a Tally's buckets, a list made from a set of strings) differed
+    between processes: the bug was refused (no stable answer it changed) or its revert refused. One
+    hash seed a verification, given to each replay, and a mapping described by its items make both
+    verdicts right."""
+    buggy = HASHED.replace(*HASHED_BUGS[function])
+    payload = {"repo": "words", "diff": words_diff(HASHED, buggy), "turns": ["x"]}
+    validity = hashed_domain.verify(payload)
+    assert validity.valid, validity.reason
+    verdict = hashed_domain.grade(payload, attempt(words_diff(buggy, HASHED)))
+    assert verdict.solved is True, verdict.reason
+    replay = Replay.model_validate(payload["replay"])
+    assert replay.judged == len(replay.calls) and replay.hash_seed is not None  # every answer the same twice
