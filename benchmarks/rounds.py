@@ -19,7 +19,8 @@ fixed curriculum? (issue 59; docs/experiment.md, "Rounds")
    - ``rounds``: the generator trained every round against the probe refitted from the trained
      solver's labels.
    Every arm labels the same number of tasks a round (the benchmark stops where two arms' attempts
-   differ) and trains the solver for the same steps.
+   differ) and trains the solver for the same steps. Round 1 of ``fixed``, ``retrained`` and
+   ``rounds`` is one computation (same plan, same seeds): it runs once and is copied.
    The solver-in-the-loop arm (``sil``: ``reward.rule=solver_in_the_loop``, live labels by the
    round's solver) is not run here: its generator steps wait on the solver at every rollout, which
    this CPU cannot fit beside the four arms in the experiment's time.
@@ -49,6 +50,8 @@ ARMS = {
     "retrained": ["rounds.refresh_probe=false"],
     "rounds": [],
 }
+#: the arms whose round 1 is the same work: the generator trained against the corpus's probe
+TRAINED_FIRST = ("fixed", "retrained", "rounds")
 #: the held-out tasks' own seed: apart from the corpus's (the config's seed) and every round's
 HELD_OUT_SEED = 7
 PROPEL = str(Path(sys.executable).with_name("propel"))
@@ -84,6 +87,8 @@ def main() -> None:
     for number in range(1, count + 1):  # interleaved: round r of every arm before round r + 1 of any
         for arm in arms:
             print(f"{arm}: round {number}", flush=True)
+            if number == 1:
+                shared_first_round(out, arm, arms)
             propel("rounds", args.config, f"run_dir={out / arm}", f"rounds.num_rounds={number}", apart, *ARMS[arm])
         spent = {arm: curve(out / arm)[-1]["attempts"] for arm in arms}
         if len(set(spent.values())) > 1:
@@ -93,6 +98,24 @@ def main() -> None:
     (out / "rounds.json").write_text(json.dumps({"arms": found, f"vs_{arms[0]}": against}, indent=2) + "\n")
     figure(out / "rounds.png", found)
     print(table(found, against, arms[0]))
+
+
+def shared_first_round(out: Path, arm: str, arms: list[str]) -> None:
+    """Round 1 of the arms that train the generator (``TRAINED_FIRST``) is one computation: the same
+    plan and seeds, the same corpus and probe. Where another of them has finished it, it is copied
+    into ``arm`` rather than run again (the base solver's held-out score, ``r0``, is the same in every
+    arm); an arm that refits the probe runs that step on the copy (its ``round.json`` left out)."""
+    done = [
+        other for other in arms if other in TRAINED_FIRST and (out / other / "rounds" / "r1" / "round.json").exists()
+    ]
+    if arm not in TRAINED_FIRST or not done or (out / arm / "rounds").exists():
+        return
+    source = out / done[0] / "rounds"
+    for name in ("r0", "r1"):
+        shutil.copytree(source / name, out / arm / "rounds" / name)
+    if "rounds.refresh_probe=false" not in ARMS[arm]:
+        (out / arm / "rounds" / "r1" / "round.json").unlink()
+    print(f"  round 1 copied from {done[0]}: the same plan and seeds", flush=True)
 
 
 def versus(folder: Path, other: Path) -> list[dict]:

@@ -301,9 +301,13 @@ def kill_when_written(command: list[str], path: Path, lines: int, timeout: float
 
 
 #: what the logs of a training (TRL's ``train/log.jsonl`` and each checkpoint's ``trainer_state.json``,
-#: the audits' ``train/audit.jsonl`` and the best one's ``audit.json``) say of how long work took: the
-#: one thing two runs of one seed may write differently, left out of their digests
-WALL_TIME = frozenset({"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "seconds"})
+#: the audits' ``train/audit.jsonl`` and the best one's ``audit.json``, solve-train's
+#: ``reward_log.jsonl``) say of how long work took: the one thing two runs of one seed may write
+#: differently, left out of their digests
+WALL_TIME = frozenset(
+    {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "seconds"}
+    | {"seconds_per_rollout"}
+)
 #: the files that hold nothing but how long work took (the stages', a round's steps): left out whole
 TIMING_FILES = frozenset({"times.json", "timings.json"})
 
@@ -323,7 +327,7 @@ def digests(folder: Path) -> dict[str, str]:
     def content(path):
         if path.name in ("trainer_state.json", "audit.json"):
             return json.dumps(timeless(json.loads(path.read_text()))).encode()
-        if path.name in ("log.jsonl", "audit.jsonl"):
+        if path.name in ("log.jsonl", "audit.jsonl", "reward_log.jsonl"):
             return "\n".join(json.dumps(timeless(json.loads(line))) for line in path.read_text().splitlines()).encode()
         if path.name == "report.html":  # its wall-time cells show the stages' seconds
             return re.sub(r"<span class='seconds'>[^<]*</span>", "", path.read_text()).encode()

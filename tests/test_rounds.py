@@ -89,7 +89,7 @@ def probed(tmp_path_factory, propel_cli):
 def test_two_rounds_resume_after_kill_9_and_repeat_from_the_seed(probed, propel_cli, tmp_path):
     first = tmp_path / "run"  # both runs write here: what they record names their run_dir
     shutil.copytree(probed, first)
-    result = propel_cli("rounds", str(TINY), f"run_dir={first}", *ROUNDS)
+    result = propel_cli("-q", "rounds", str(TINY), f"run_dir={first}", *ROUNDS)
     rounds = first / "rounds"
     for number in (1, 2):
         folder = rounds / f"r{number}"

@@ -72,6 +72,8 @@ def load_policy(model: ModelConfig):
         from peft import PeftModel
 
         policy = PeftModel.from_pretrained(policy, model.adapter, is_trainable=True)
+        for config in policy.peft_config.values():  # written back in one order, as lora_config's are
+            config.target_modules = SortedSet(config.target_modules)
     return tokenizer, policy, str(path)
 
 
