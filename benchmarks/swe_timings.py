@@ -50,16 +50,6 @@ def step(what: str, arms: dict, repeats: int) -> dict[str, list[float]]:
     return times
 
 
-GUARD_SOURCE = verifier.GUARD.decode()
-INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, sees nothing changed (the rest kept)
-    GUARD_SOURCE.split("\ndef install(")[0]
-    + "\ndef install(root, written):\n    return (lambda: ()), (lambda: False)\n\n\n"
-    + "def as_a_user("
-    + GUARD_SOURCE.split("\ndef as_a_user(")[1].split("\ndef watch(")[0]
-    + "\ndef watch(prefixes):\n    return lambda: []\n"
-).encode()
-
-
 def first_runner_again(ws, repo, tests, time_limit, shift_clock=0, guarding=None):
     """The second runner switched off: the first answers in its place."""
     suite = verifier.run_suite(ws, repo, time_limit, list(tests), guarding)
@@ -74,7 +64,7 @@ def no_replay(*args, **kwargs):
 #: arm -> the verifier's attributes replaced for it
 LAYERS = {
     "all layers": {},
-    "no guard": {"GUARD": INERT_GUARD},
+    "no guard": {"GUARD": verifier.INERT_GUARD},
     "no second runner": {"second_run": first_runner_again},
     "no screen": {"screen": lambda before, after, original=None: []},
     "no test time limits": {"time_limits": lambda baseline: {}},

@@ -197,19 +197,22 @@ def record_refusal(run_dir: Path, stage: str, reason: str | None, blocks: tuple[
         replace_whole(path, (json.dumps(found, indent=2) + "\n").encode())
 
 
-def refusals(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """``stage -> {"reason": str, "blocks": [stage, ...]}`` for every stage whose last run refused; an
-    unreadable file, or an entry of another shape, counts as none."""
-    path = Path(run_dir) / REFUSALS
+def kept_object(path: Path) -> dict[str, Any]:
+    """The JSON object a run folder keeps at ``path``: none where the file is missing, unreadable or
+    holds another shape (what reads it checks each entry's)."""
     try:
         found = json.loads(path.read_text()) if path.exists() else {}
     except (OSError, ValueError):
         return {}
-    if not isinstance(found, dict):
-        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def refusals(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """``stage -> {"reason": str, "blocks": [stage, ...]}`` for every stage whose last run refused; an
+    unreadable file, or an entry of another shape, counts as none."""
     return {
         stage: {"reason": entry["reason"], "blocks": entry["blocks"]}
-        for stage, entry in found.items()
+        for stage, entry in kept_object(Path(run_dir) / REFUSALS).items()
         if isinstance(entry, dict)
         and isinstance(entry.get("reason"), str)
         and isinstance(entry.get("blocks"), list)
@@ -236,16 +239,9 @@ def record_time(run_dir: Path, stage: str, seconds: float, ended: str) -> None:
 def stage_times(run_dir: Path) -> dict[str, dict[str, Any]]:
     """``stage -> {"seconds": float, "ended": str}`` as :func:`record_time` keeps them; an unreadable
     file, or an entry of another shape, counts as none."""
-    path = Path(run_dir) / TIMINGS
-    try:
-        found = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(found, dict):
-        return {}
     return {
         stage: {"seconds": float(entry["seconds"]), "ended": entry["ended"]}
-        for stage, entry in found.items()
+        for stage, entry in kept_object(Path(run_dir) / TIMINGS).items()
         if isinstance(entry, dict)
         and isinstance(entry.get("seconds"), int | float)
         and isinstance(entry.get("ended"), str)

@@ -49,6 +49,15 @@ MIN_SUITE_SECONDS, SUITE_BUDGET_FACTOR = 30.0, 10.0  # a verification's budget f
 MIN_TEST_SECONDS, TEST_TIME_FACTOR = 5.0, 20.0  # a test's time limit from its own duration (``time_limits``)
 SECOND_RUNNER = (Path(__file__).parent / "second_runner.py").read_bytes()
 GUARD = (Path(__file__).parent / "guard.py").read_bytes()
+#: the guard switched off, to measure what the other layers stop alone (test_hostile, swe_timings.py):
+#: it installs nothing, refuses nothing and sees nothing changed; the rest of it is kept
+INERT_GUARD = (
+    GUARD.decode().split("\ndef install(")[0]
+    + "\ndef install(root, written):\n    return (lambda: ()), (lambda: False)\n\n\n"
+    + "def as_a_user("
+    + GUARD.decode().split("\ndef as_a_user(")[1].split("\ndef watch(")[0]
+    + "\ndef watch(prefixes):\n    return lambda: []\n"
+).encode()
 WATCHER = (Path(__file__).parent / "watcher.py").read_bytes()
 #: run as ``python -I -S`` in the checkout: removes the git history and everything in the harness's folder argv[1]
 SEAL = """

@@ -5,7 +5,8 @@ report plugin, the second runner, the replayer), reading on its standard input t
 answers on. A line ``PROPEL-CLOCK MARK PID SECONDS`` (``guard.time_limit``) starts a limit of SECONDS
 of CPU time for process PID (0 ends it); every other line is passed on unchanged to the harness, for
 which the pipe was meant. While a limit runs it reads the process's CPU time from ``/proc`` ten
-times a second, and once the process has spent the limit it sends it SIGINT, once: the process
+times a second, and once the process has spent the limit it sends it SIGINT (again after as much
+CPU time once more, at least a second, while the phase has not ended): the process
 answers with the handler every Python process starts with, a ``KeyboardInterrupt`` at its next
 bytecode, which the runner makes ``OutOfTime`` (the test failed). Before it sends it, it reads what
 the runner has written since, so a phase that ended in time is not interrupted. So the process that
@@ -65,7 +66,9 @@ def main() -> None:
             if limit is not None and spent - limit[1] >= limit[2]:
                 with contextlib.suppress(OSError):  # it ended meanwhile
                     os.kill(limit[0], signal.SIGINT)
-                limit = None
+                # again if the phase goes on for as long once more (at least a second): an interrupt
+                # that met code which swallowed it does not leave the test running to the suite's end
+                limit = (limit[0], spent, max(limit[2], 1.0))
     if pending:
         os.write(1, pending)
 

@@ -15,7 +15,6 @@ import pytest
 from swe_helpers import BUG, reverted
 
 from propel_core.errors import PropelError
-from propel_swe import guard
 from propel_swe.replay import Replay
 
 FAIL_CLAMP = (
@@ -160,7 +159,7 @@ def run_checks_alone(monkeypatch, tiny_domain):
     tiny_domain.baseline(tiny_domain.repos["tinystats"])  # the preflight with every layer as it ships
 
     monkeypatch.setattr(verifier, "screen", lambda before, after, original=None: [])
-    monkeypatch.setattr(verifier, "GUARD", INERT_GUARD)
+    monkeypatch.setattr(verifier, "GUARD", verifier.INERT_GUARD)
 
 
 @pytest.mark.parametrize("name", sorted(PATH_BUGS) + sorted(RUN_BUGS))
@@ -540,14 +539,6 @@ BUG_STOPPED_BY = {
     "test_module_class_swapped": {"guard", "replay"},
     "wrong_in_place_only_for_the_test": {"guard", "replay"},
 }
-GUARD_SOURCE = Path(guard.__file__).read_text()
-INERT_GUARD = (  # the guard switched off: installs nothing, refuses nothing, sees nothing changed (the rest kept)
-    GUARD_SOURCE.split("\ndef install(")[0]
-    + "\ndef install(root, written):\n    return (lambda: ()), (lambda: False)\n\n\n"
-    + "def as_a_user("
-    + GUARD_SOURCE.split("\ndef as_a_user(")[1].split("\ndef watch(")[0]
-    + "\ndef watch(prefixes):\n    return lambda: []\n"
-).encode()
 
 
 @pytest.fixture(scope="module")
@@ -582,7 +573,7 @@ def layer(request, monkeypatch, tiny_domain):
     if request.param != "screen":
         monkeypatch.setattr(verifier, "screen", lambda before, after, original=None: [])
     if request.param != "guard":
-        monkeypatch.setattr(verifier, "GUARD", INERT_GUARD)
+        monkeypatch.setattr(verifier, "GUARD", verifier.INERT_GUARD)
     if request.param != "runners":
         first_run = verifier.run_suite
 
