@@ -54,6 +54,9 @@ from propel_swe.verifier import (
 )
 
 GENERATORS = ("agent", "procedural")
+#: what becomes of a bug whose failing tests fail under both runners while its code changes no answer the
+#: replay sees: kept on the other layers' judgment (its replay records ``changed: 0``), or refused
+UNJUDGED_BUGS = ("keep", "refuse")
 #: the preflight statuses that are the suite's own result, and so are cached: it ran and reported
 #: (``ok``, or ``tampered`` where the clean suite wrote what our report cannot read), or it ran past a
 #: limit the sandbox gave it; never ``sandbox_error`` (the harness failed), ``no_report`` (the suite
@@ -88,6 +91,7 @@ class SWE(Domain):
         max_output_chars: int = 4000,
         max_failing_tests_shown: int = 10,
         hidden_failing_tests: float = 0.5,
+        unjudged_bugs: str = "keep",
         preflight_dir: str | None = None,
     ):
         if generator not in GENERATORS:
@@ -104,6 +108,9 @@ class SWE(Domain):
         if not 0 <= hidden_failing_tests < 1:
             raise PropelError(f"hidden_failing_tests is a share in [0, 1), not {hidden_failing_tests!r}")
         self.hidden_failing_tests = hidden_failing_tests
+        if unjudged_bugs not in UNJUDGED_BUGS:
+            raise PropelError(f"unjudged_bugs is one of {', '.join(UNJUDGED_BUGS)}, not {unjudged_bugs!r}")
+        self.unjudged_bugs = unjudged_bugs
         self.preflight_dir = (
             Path(preflight_dir).expanduser().resolve() if preflight_dir else cache_dir() / "swe" / "preflight"
         )
@@ -282,7 +289,14 @@ class SWE(Domain):
 
     def verify(self, payload: dict[str, Any]) -> Validity:
         repo = self.repos[payload["repo"]]
-        check = verify_bug(self.sandbox, repo, self.baseline(repo), payload["diff"], self.clean_sources(repo))
+        check = verify_bug(
+            self.sandbox,
+            repo,
+            self.baseline(repo),
+            payload["diff"],
+            self.clean_sources(repo),
+            keep_unjudged=self.unjudged_bugs == "keep",
+        )
         payload["failing_tests"] = check.failing_tests
         if check.replay is not None:
             payload["replay"] = check.replay.model_dump()

@@ -110,18 +110,20 @@ def register_commands(cli):
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(found, indent=1))
         click.echo(
-            f"{'repository':30} {'valid':>7} {'replayed':>8} {'reverts':>8} {'no-ops':>7} {'readme':>7} {'shapes':>7}"
+            f"{'repository':30} {'valid':>7} {'replayed':>8} {'unjudged':>8} {'reverts':>8} {'no-ops':>7} "
+            f"{'readme':>7} {'shapes':>7}"
         )
         for row in found:
             shapes = f"{sum(row['shapes_solved'].values())}/{len(FIX_SHAPES) if row['shapes_solved'] else 0}"
             valid, reverts = f"{row['valid']}/{row['bugs']}", f"{row['reverts_solved']}/{row['valid']}"
             click.echo(
-                f"{row['repo'][:30]:30} {valid:>7} {row['replayed']:8d} {reverts:>8} {row['no_ops_solved']:7d} "
-                f"{row['readme_edits_solved']:7d} {shapes:>7}"
+                f"{row['repo'][:30]:30} {valid:>7} {row['replayed']:8d} {row['unjudged']:8d} {reverts:>8} "
+                f"{row['no_ops_solved']:7d} {row['readme_edits_solved']:7d} {shapes:>7}"
             )
         click.echo(
-            "reverts and shapes should all solve, no-ops and README edits none; each bug's verdicts and reasons "
-            f"are in {out}"
+            "reverts and shapes should all solve, no-ops and README edits none (unjudged: valid bugs whose code "
+            "changed no answer the replay sees, kept on the other layers' judgment); each bug's verdicts and "
+            f"reasons are in {out}"
         )
 
     @swe.command()

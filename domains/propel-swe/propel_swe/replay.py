@@ -67,6 +67,12 @@ class Replay(BaseModel):
     described: int = Field(
         1, description="how its answers were described (replayer.DESCRIBED); one described otherwise is not compared"
     )
+    changed: int | None = Field(
+        None,
+        description="how many judged calls the bug's code answered otherwise than the original: 0, the bug "
+        "was kept without a replay judgment (its failing tests fail under both runners and nothing the replay "
+        "sees changed); None, the bug's code was not replayed",
+    )
     hash_seed: int | None = Field(
         None,
         description="the string hash seed (PYTHONHASHSEED) every replay of these calls runs with, drawn per "

@@ -57,7 +57,8 @@ def shaped(source: str, shape: str) -> str:
 def survey(domain, repo_name: str, bugs: int, shapes: bool = True, progress=None) -> dict[str, Any]:
     """Verify the first ``bugs`` procedural bugs of ``repo_name`` (the domain's mutants in the order
     seeded 0) and grade the fixes described above; ``progress(1)`` after each bug. Returns counts
-    (``replayed``: valid bugs with calls a fix is also judged on outside the tests), each bug's
+    (``replayed``: valid bugs with calls a fix is also judged on outside the tests; ``unjudged``: those
+    of them whose code changed none of those calls' answers, kept on the other layers' judgment), each bug's
     verdicts and the seconds spent."""
     repo = domain.repos[repo_name]
     started = time.monotonic()
@@ -71,7 +72,8 @@ def survey(domain, repo_name: str, bugs: int, shapes: bool = True, progress=None
             break
         validity = domain.verify(payload)
         row = {"bug": payload["turns"][0].splitlines()[0], "valid": validity.valid, "reason": validity.reason}
-        row["replayed"] = Replay.model_validate(payload["replay"]).judged if "replay" in payload else 0
+        replay = Replay.model_validate(payload["replay"]) if "replay" in payload else Replay()
+        row["replayed"], row["unjudged"] = replay.judged, replay.changed == 0
         if validity.valid:
             path = domain.topic(payload).split(":", 1)[1]
             clean = domain.clean_sources(repo)[path]
@@ -100,6 +102,7 @@ def survey(domain, repo_name: str, bugs: int, shapes: bool = True, progress=None
         "bugs": len(rows),
         "valid": len(valid),
         "replayed": sum(row["replayed"] > 0 for row in valid),
+        "unjudged": sum(row["unjudged"] for row in valid),
         "reverts_solved": count("revert", True),
         "no_ops_solved": count("no_op", True),
         "readme_edits_solved": count("readme_edit", True),

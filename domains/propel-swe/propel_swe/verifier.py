@@ -301,17 +301,26 @@ def _allowed(baseline: Baseline) -> set[str] | None:
     return set(baseline.imported_files) or None
 
 
-def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str, sources: dict[str, str] | None = None) -> Check:
+def verify_bug(
+    sandbox,
+    repo: RepoSpec,
+    baseline: Baseline,
+    diff: str,
+    sources: dict[str, str] | None = None,
+    keep_unjudged: bool = True,
+) -> Check:
     """W(x) for a bug, on a fresh clean checkout: it applies (``git apply --recount``, no fuzz); it
     only modifies source files the suite imports (``diffs``) and passes the static screen
     (``screen``; ``sources``: the clean checkout's code, path -> source); the suite, run with our
     report plugin, leaves tests, their configuration and code untouched, collects exactly the
     baseline's tests, and at least one test that passed in the baseline now fails inside the test
     (not in collection or set-up); and each such test (up to ``RECHECKS``) fails again run alone in
-    a fresh process, under both runners (``recheck_failures``); and where the calls its failing tests
-    make into the repository could be recorded (``record_calls``), the bug's code answers at least one
-    of them otherwise than the original, outside the tests (``replay``). ``Check.replay`` holds those
-    calls and the original's answers."""
+    a fresh process, under both runners (``recheck_failures``). Where the calls its failing tests make
+    into the repository could be recorded (``record_calls``), the bug's code is replayed on them
+    outside the tests (``replay``), and ``Check.replay`` holds those calls, the original's answers and
+    how many of them the bug's code answers otherwise (``changed``). A bug that changes none is kept on
+    the other layers' judgment; with ``keep_unjudged`` false it is refused where every call was
+    recorded (its effect may otherwise lie in a call nobody recorded)."""
     started = time.monotonic()
 
     def invalid(reason: str, **fields: Any) -> Check:
@@ -374,7 +383,10 @@ def verify_bug(sandbox, repo: RepoSpec, baseline: Baseline, diff: str, sources: 
             return invalid(f"the bug's replay could not run: {exc}", outcomes=outcomes)
         if answers is None:
             return invalid("the bug's code gave no answer to the calls its failing tests make outside the tests")
-        if replay.recorded_all and not differing(replay, answers, of_a_fix=False):
+        # a bug the replay cannot see (a wrong text it does not describe, an effect in a call nobody
+        # recorded) is kept on the other layers' judgment, and the replay records that it did not judge it
+        replay.changed = len(differing(replay, answers, of_a_fix=False))
+        if not replay.changed and replay.recorded_all and not keep_unjudged:
             return invalid(
                 f"the bug changes no answer to the {replay.judged} calls its failing tests make into the "
                 "repository, made again outside the tests",

@@ -560,8 +560,9 @@ def layer(request, monkeypatch, tiny_domain):
     """One layer on, the others off: the static screen; the guard (what the change's code may not
     do at run time, and the runners' check that what they call is unchanged); the second runner and
     the rechecks (off, the first runner answers in its place); the replay (off, a bug records no
-    calls and a fix is judged without them). The preflight is made first, with every layer as it
-    ships (what the clean suite changes of the runners is recorded there)."""
+    calls and a fix is judged without them; on, a bug it does not judge is refused). The preflight
+    is made first, with every layer as it ships (what the clean suite changes of the runners is
+    recorded there)."""
     from propel_swe import verifier
 
     tiny_domain.baseline(tiny_domain.repos["tinystats"])
@@ -570,6 +571,8 @@ def layer(request, monkeypatch, tiny_domain):
         monkeypatch.setattr(verifier, "record_calls", no_replay)
     else:
         monkeypatch.setattr(verifier, "VARIANTS", 6)  # special-cased inputs are met for sure
+        # a bug whose code changes no answer is refused, not kept unjudged (test_replay_attacks has both)
+        monkeypatch.setattr(tiny_domain, "unjudged_bugs", "refuse")
     if request.param != "screen":
         monkeypatch.setattr(verifier, "screen", lambda before, after, original=None: [])
     if request.param != "guard":

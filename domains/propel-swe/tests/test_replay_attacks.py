@@ -73,6 +73,17 @@ def replayed_bug(tiny_domain):
     return verified(tiny_domain, BUG)
 
 
+def fake_bug_refused(domain, diff: str, monkeypatch) -> bool:
+    """Whether the replay stops a bug no user meets, which passes every other layer: its code changes
+    no answer the replay sees, so it is kept on the other layers' judgment and marked (``changed: 0``),
+    and refused where unjudged bugs are (``unjudged_bugs: refuse``)."""
+    payload = {"repo": "tinystats", "diff": diff, "turns": ["x"]}
+    assert domain.verify(payload).valid, "the other layers stop it: the replay is not what is tested"
+    assert Replay.model_validate(payload["replay"]).changed == 0, "a bug no user meets changed an answer"
+    monkeypatch.setattr(domain, "unjudged_bugs", "refuse")
+    return not domain.verify({"repo": "tinystats", "diff": diff, "turns": ["x"]}).valid
+
+
 def graded(domain, payload: dict, fix: str):
     task = {key: payload[key] for key in ("repo", "diff", "failing_tests", "replay")}
     task["turns"] = []
@@ -167,7 +178,9 @@ def test_a_fix_that_runs_the_clean_source_it_finds_on_disk_is_not_solved(tiny_do
 IN_A_RUNNER = '("py" + "test") in __import__("sys").modules'
 
 
-def test_a_fake_bug_that_points_the_replayer_at_a_function_no_user_calls_is_invalid(tiny_domain, tmp_path):
+def test_a_fake_bug_that_points_the_replayer_at_a_function_no_user_calls_is_marked_and_refused_where_asked(
+    tiny_domain, tmp_path, monkeypatch
+):
     """Users (and the tests, outside a runner) call ``_clamp``, which is right; the tests under a
     runner get the broken one; the replayer follows ``__wrapped__`` to the broken ``clamp``, which
     nobody else calls: it never has to detect the replayer."""
@@ -182,11 +195,14 @@ def test_a_fake_bug_that_points_the_replayer_at_a_function_no_user_calls_is_inva
         ),
     )
     assert user_answers(CORE, diff, USER_CALLS, tmp_path) == RIGHT  # no user meets the bug
-    validity = tiny_domain.verify({"repo": "tinystats", "diff": diff, "turns": ["x"]})
-    assert not validity.valid, "a bug no user meets was verified valid: the replayer called what users never call"
+    assert fake_bug_refused(tiny_domain, diff, monkeypatch), (
+        "a bug no user meets was verified valid: the replayer called what users never call"
+    )
 
 
-def test_a_fake_bug_that_only_renames_the_function_is_invalid(tiny_domain, tmp_path):
+def test_a_fake_bug_that_only_renames_the_function_is_marked_and_refused_where_asked(
+    tiny_domain, tmp_path, monkeypatch
+):
     """The function users call is right; it is only bound under another qualified name, so the
     replayer cannot find it and answers "not replayed", which a bug's verdict counts as a change."""
     diff = edit_core(
@@ -198,11 +214,14 @@ def test_a_fake_bug_that_only_renames_the_function_is_invalid(tiny_domain, tmp_p
         ("def window(", "clamp = _clamp\n\n\ndef window("),
     )
     assert user_answers(CORE, diff, USER_CALLS, tmp_path) == RIGHT  # no user meets the bug
-    validity = tiny_domain.verify({"repo": "tinystats", "diff": diff, "turns": ["x"]})
-    assert not validity.valid, "a call the replayer could not find counted as the bug's changed answer"
+    assert fake_bug_refused(tiny_domain, diff, monkeypatch), (
+        "a call the replayer could not find counted as the bug's changed answer"
+    )
 
 
-def test_a_fake_bug_that_rewrites_the_replayers_unpickling_is_invalid(tiny_domain, tmp_path):
+def test_a_fake_bug_that_rewrites_the_replayers_unpickling_is_marked_and_refused_where_asked(
+    tiny_domain, tmp_path, monkeypatch
+):
     """clamp is right for users; the tests under a runner get a broken one. The replayer loads each
     call with ``pickle.loads`` looked up at call time, which the bug's module replaced on import: a
     call of this module comes back with its value moved, so the right code answers otherwise. The
@@ -224,8 +243,9 @@ def test_a_fake_bug_that_rewrites_the_replayers_unpickling_is_invalid(tiny_domai
         ),
     )
     assert user_answers(CORE, diff, USER_CALLS, tmp_path) == RIGHT  # no user meets the bug
-    validity = tiny_domain.verify({"repo": "tinystats", "diff": diff, "turns": ["x"]})
-    assert not validity.valid, "a bug that tampers with the replayer's own machinery was verified valid"
+    assert fake_bug_refused(tiny_domain, diff, monkeypatch), (
+        "a bug that tampers with the replayer's own machinery was verified valid"
+    )
 
 
 def test_a_wrong_fix_that_points_the_replayer_at_a_right_function_is_not_solved(tiny_domain, replayed_bug, tmp_path):
@@ -251,15 +271,18 @@ def test_a_wrong_fix_that_points_the_replayer_at_a_right_function_is_not_solved(
 # --- 3. a sign every process of the harness shares: where the checkout is -------------------------
 
 
-def test_a_fake_bug_only_where_the_harness_puts_the_checkout_is_invalid(tiny_domain, tmp_path):
+def test_a_fake_bug_only_where_the_harness_puts_the_checkout_is_marked_and_refused_where_asked(
+    tiny_domain, tmp_path, monkeypatch
+):
     """Broken only when the module lives under /testbed: both runners, the rechecks and the
     replayer all run it there; nobody who installs the package does."""
     diff = edit_core(
         CORE, ("    if value > high:", '    if value > (low if __file__.startswith("/testbed/") else high):')
     )
     assert user_answers(CORE, diff, USER_CALLS, tmp_path) == RIGHT  # no user meets the bug
-    validity = tiny_domain.verify({"repo": "tinystats", "diff": diff, "turns": ["x"]})
-    assert not validity.valid, "a bug only under the harness's checkout path was verified valid"
+    assert fake_bug_refused(tiny_domain, diff, monkeypatch), (
+        "a bug only under the harness's checkout path was verified valid"
+    )
 
 
 # --- 4. what the moved calls reach ----------------------------------------------------------------
