@@ -215,13 +215,15 @@ class SWE(Domain):
         return json.dumps({"repo": repo.name, "generator": "agent", **trajectory})
 
     def procedural_episode(self, repo: RepoSpec, context: Context, seed: int) -> dict[str, Any]:
-        """The context's mutant (``episode_contexts``); a context no run numbered (a direct call)
-        takes mutant number ``seed`` of the order seeded 0. Past the last one, no bug: the episode
+        """The context's mutant (``episode_contexts``), on a line the suite ran where preflight recorded
+        them (``Baseline.lines_run``); a context no run numbered (a direct call) takes mutant number
+        ``seed`` of the order seeded 0. Past the last one, no bug: the episode
         stops with ``no_mutant_left``, and ``parse`` rejects it with the reason."""
         index, order = context.data.get("mutant", seed), context.data.get("mutant_seed", 0)
         with self._mutants_lock:  # episodes in threads share the repository's mutants
             if (repo.name, order) not in self._mutants:
-                self._mutants[repo.name, order] = Mutants(self.clean_sources(repo), order)
+                lines_run = self.baseline(repo).lines_run
+                self._mutants[repo.name, order] = Mutants(self.clean_sources(repo), order, lines_run)
             mutants = self._mutants[repo.name, order]
             found = mutants.get(index)
         stop_reason, (description, diff) = "stop", found or ("", "")

@@ -3,9 +3,12 @@
 Model-free, so it gives real bugs on any machine and a baseline for the agent. Mutations: flip a
 comparison, an off-by-one in arithmetic, an index or a range, swap two arguments, drop an
 ``if ...: return`` branch, flip a boolean constant, swap ``and``/``or``. Only the mutated node's
-source is rewritten, so the rest of the file (comments, layout) stays as it was. A repository's
-distinct mutants come in one seeded order (:class:`Mutants`), and a run gives each of its episodes on
-that repository the next one, so no run plants the same bug twice.
+source is rewritten, so the rest of the file (comments, layout) stays as it was. Where preflight
+recorded the lines the suite ran (``Baseline.lines_run``), only sites on those lines are mutated: code a
+test imports but never runs (a platform's branch, a function no test calls) gives no bug, since no
+test could fail on it. A repository's distinct mutants come in one seeded order (:class:`Mutants`),
+and a run gives each of its episodes on that repository the next one, so no run plants the same bug
+twice.
 """
 
 from __future__ import annotations
@@ -98,6 +101,17 @@ def sites(path: str, tree: ast.AST) -> list[Site]:
     return found
 
 
+def ran(site: Site, lines_run: dict[str, list[int]]) -> bool:
+    """Whether the suite ran ``site``'s code: a line of its node, or, for a dropped ``if ...: return``
+    branch, a line of the branch's body (a guard that never held gives a bug nothing can fail on)."""
+    node = site.node
+    first, last = (
+        (node.body[0].lineno, node.end_lineno) if site.kind == "drop_return_branch" else (node.lineno, node.end_lineno)
+    )
+    seen = lines_run.get(site.path, ())
+    return any(line in seen for line in range(first, last + 1))
+
+
 def _arithmetic_index_or_range(node: ast.AST) -> bool:
     is_range = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
     return is_range or isinstance(node, ast.BinOp | ast.Subscript)
@@ -170,10 +184,13 @@ def unified_diff(path: str, before: str, after: str) -> str:
     )
 
 
-def site_order(files: dict[str, str], rng: random.Random) -> list[Site]:
-    """Every mutation site of ``files`` (path -> source), in an order drawn from ``rng``: the kind of
-    mutation first (uniformly among the kinds with sites left), then a site of that kind, so
-    call-heavy code does not make nearly every bug an argument swap."""
+def site_order(files: dict[str, str], rng: random.Random, lines_run: dict[str, list[int]] | None = None) -> list[Site]:
+    """Every mutation site of ``files`` (path -> source) that the suite ran (``ran``; every site where
+    ``lines_run`` is None), in an order drawn from ``rng``: the kind of mutation first (uniformly among
+    the kinds with sites left), then a site of that kind, so call-heavy code does not make nearly every
+    bug an argument swap."""
+    if lines_run is not None:
+        lines_run = {path: set(lines) for path, lines in lines_run.items()}
     by_kind: dict[str, list[Site]] = {}
     for path in sorted(files):
         if not files[path].endswith("\n"):
@@ -183,7 +200,8 @@ def site_order(files: dict[str, str], rng: random.Random) -> list[Site]:
         except (SyntaxError, ValueError):
             continue
         for site in sites(path, tree):
-            by_kind.setdefault(site.kind, []).append(site)
+            if lines_run is None or ran(site, lines_run):
+                by_kind.setdefault(site.kind, []).append(site)
     for kind in sorted(by_kind):
         rng.shuffle(by_kind[kind])
     order = []
@@ -197,12 +215,13 @@ def site_order(files: dict[str, str], rng: random.Random) -> list[Site]:
 
 class Mutants:
     """The distinct mutants of ``files`` (path -> source) in one order fixed by ``seed``: ``get(i)`` is
-    the i-th, the same in any process whatever was asked before. A site whose mutation does not parse
-    or gives a diff an earlier mutant gave is skipped. Mutants are made only as far as asked for.
-    Not thread-safe: callers that share one hold a lock."""
+    the i-th, the same in any process whatever was asked before. Only sites on ``lines_run`` (the
+    preflight's, path -> line numbers) where it is given. A site whose mutation does not parse or gives
+    a diff an earlier mutant gave is skipped. Mutants are made only as far as asked for. Not
+    thread-safe: callers that share one hold a lock."""
 
-    def __init__(self, files: dict[str, str], seed: int):
-        self.files, self.order = files, site_order(files, random.Random(seed))
+    def __init__(self, files: dict[str, str], seed: int, lines_run: dict[str, list[int]] | None = None):
+        self.files, self.order = files, site_order(files, random.Random(seed), lines_run)
         self.made: list[tuple[str, str]] = []
         self._diffs: set[str] = set()
         self._next = 0

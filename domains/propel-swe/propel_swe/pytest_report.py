@@ -30,7 +30,10 @@ is deselected. A test the orders give a time limit (``time_limits``: node id -> 
 interrupts the process): a call that runs past it fails, a set-up or tear-down is an error;
 ``seconds`` is how long its three phases took. Once registered, it also takes what propel added out
 of what the code under test reads of its run (``guard.as_a_user``): its module's name from
-``PYTEST_PLUGINS``, its folder from ``PYTHONPATH`` and ``sys.path``.
+``PYTEST_PLUGINS``, its folder from ``PYTHONPATH`` and ``sys.path``. The preflight's orders
+(``trace_lines``) also have it trace the run (``sys.settrace``, in every thread): the end line then
+holds ``lines_run``, the lines of each file under the checkout that ran (path -> line numbers), what
+the procedural generator plants bugs on. Nothing else is traced: a verification runs untraced.
 """
 
 # a private copy of the builtins, taken before any code of the repository runs: every function this
@@ -41,6 +44,7 @@ import importlib
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -79,6 +83,45 @@ if ORDERS.get("guard"):
     _within = _guard.time_limit(OUT, KEY) if OUT is not None else None
     _guard.as_a_user(os.path.dirname(__file__), __name__)
     del _guard
+
+
+def _line_tracer():
+    """(a trace function, the lines it saw run: checkout-relative path -> line numbers). A frame of a
+    file outside the checkout is not traced (its trace function is None), so pytest and the libraries
+    run at nearly full speed; one inside has a local trace function that adds each line it runs."""
+    lines_run, local_tracers = {}, {}
+
+    def local_tracer(filename):
+        if filename.startswith("<"):  # frozen modules, compiled strings: no file
+            return None
+        try:
+            relative = Path(filename).resolve().relative_to(ROOT).as_posix()
+        except (ValueError, OSError):
+            return None
+        seen = lines_run.setdefault(relative, set())
+
+        def local(frame, event, arg):
+            if event == "line":
+                seen.add(frame.f_lineno)
+            return local
+
+        return local
+
+    def trace(frame, event, arg):
+        filename = frame.f_code.co_filename
+        if filename not in local_tracers:
+            local_tracers[filename] = local_tracer(filename)
+        return local_tracers[filename]
+
+    return trace, lines_run
+
+
+_lines_run = None
+if ORDERS.get("trace_lines"):
+    _trace, _lines_run = _line_tracer()
+    threading.settrace(_trace)
+    sys.settrace(_trace)
+    del _trace
 
 _phases, _seconds = {}, {}
 _active = True
@@ -182,5 +225,9 @@ def pytest_sessionfinish(session, exitstatus):
         imported.add(relative.as_posix())
     machinery = sorted(_intact()) if _intact is not None else []
     refused = sorted(set(_refusals()))[:5] if _refusals is not None else []  # what the guard said no to
-    _emit({"event": "end", "exitstatus": int(exitstatus), "imported": sorted(imported), "machinery": machinery,
-           "refused": refused})  # fmt: skip
+    end = {"event": "end", "exitstatus": int(exitstatus), "imported": sorted(imported), "machinery": machinery,
+           "refused": refused}  # fmt: skip
+    if _lines_run is not None:
+        sys.settrace(None)
+        end["lines_run"] = {path: sorted(lines) for path, lines in _lines_run.items()}
+    _emit(end)

@@ -62,6 +62,7 @@ class Report:
     imported: list[str] = field(default_factory=list)
     machinery: list[str] = field(default_factory=list)  # runner functions and classes the run changed
     refused: list[str] = field(default_factory=list)  # what the guard refused the change
+    lines_run: dict[str, list[int]] | None = None  # path -> lines that ran, where the run was traced
     problem: str | None = None
 
 
@@ -108,6 +109,13 @@ def read_report(stdout: str, key: str) -> Report:
     report.imported = [path for path in imported if isinstance(path, str)] if isinstance(imported, list) else []
     refused = events[-1].get("refused")
     report.refused = [what for what in refused if isinstance(what, str)] if isinstance(refused, list) else []
+    lines_run = events[-1].get("lines_run")
+    if isinstance(lines_run, dict):
+        report.lines_run = {
+            path: [line for line in lines if type(line) is int]
+            for path, lines in lines_run.items()
+            if isinstance(lines, list)
+        }
     machinery = events[-1].get("machinery")
     report.machinery = [name for name in machinery if isinstance(name, str)] if isinstance(machinery, list) else []
     return report

@@ -82,7 +82,7 @@ class RepoSpec(BaseModel):
         return list(dict.fromkeys(line.split(" ", 1)[1].split("=", 1)[0] for line in lines))
 
 
-RUNNERS = 2  # how the suite is run; a preflight cached by earlier runners is run again
+RUNNERS = 3  # how the suite is run; a preflight cached by earlier runners is run again
 VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: a command's leading variable assignments, optionally after ``env``
 ASSIGNMENTS = re.compile(r"\s*(?:env\s+)?(?:[A-Za-z_][A-Za-z0-9_]*=(?:'[^']*'|\"[^\"]*\"|[^\s'\"])*\s+)+")

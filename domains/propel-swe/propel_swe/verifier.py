@@ -89,6 +89,7 @@ class SuiteRun(BaseModel):
     imported: list[str] = Field(default_factory=list)
     machinery: list[str] = Field(default_factory=list, description="runner functions the run changed")
     refused: list[str] = Field(default_factory=list, description="what the guard refused the change")
+    lines_run: dict[str, list[int]] | None = Field(None, description="path -> lines that ran (a traced run)")
     duration: float = 0.0
     detail: str | None = None
 
@@ -108,6 +109,11 @@ class Baseline(BaseModel):
     duration: float = 0.0
     imported_files: list[str] = Field(
         default_factory=list, description="non-test files of the checkout the suite imported (repo-relative)"
+    )
+    lines_run: dict[str, list[int]] | None = Field(
+        None,
+        description="imported file -> the lines of it the suite ran (where the procedural generator plants "
+        "bugs); None in a preflight that did not trace",
     )
     machinery_changes: list[str] = Field(
         default_factory=list, description="functions and classes of the runners that the clean suite changes"
@@ -221,6 +227,7 @@ def run_suite(
         imported=report.imported,
         machinery=report.machinery,
         refused=report.refused,
+        lines_run=report.lines_run,
         duration=own_seconds(result),
     )
 
@@ -256,11 +263,13 @@ def checked_run(
 
 def preflight(sandbox, repo: RepoSpec) -> Baseline:
     """Run the suite once on the clean checkout: status, test count, duration, failures, per-test,
-    and which of its files the suite imports."""
+    which of its files the suite imports and which of their lines it runs (the run is traced, this one
+    alone: its durations, and the budgets made from them, are the traced run's)."""
     with workspace(sandbox, repo) as ws:  # each test under a limit, as later (the whole budget: no duration yet)
-        suite = run_suite(ws, repo, repo.time_budget, guarding={"time_limit": repo.time_budget})
+        suite = run_suite(ws, repo, repo.time_budget, guarding={"time_limit": repo.time_budget, "trace_lines": True})
     failures = sum(outcome in ("failed", "error") for outcome in suite.tests.values())
     imported = [path for path in suite.imported if path.endswith(".py") and not is_test_path(path)]
+    lines_run = None if suite.lines_run is None else {path: suite.lines_run.get(path, []) for path in imported}
     return Baseline(
         repo=repo.name,
         key=repo.key(),
@@ -271,6 +280,7 @@ def preflight(sandbox, repo: RepoSpec) -> Baseline:
         failures=failures,
         duration=suite.duration,
         imported_files=imported,
+        lines_run=lines_run,
         machinery_changes=suite.machinery,
         detail=suite.detail,
     )
