@@ -10,7 +10,10 @@ lives in one of the source files and its caller's does not (a test, a helper of 
 or C code the test called, such as ``list`` or ``map``). Such a call is recorded as the module that
 defines its function, the function's qualified name, how a user reaches it by that name (``kind_of``:
 the module's attribute, a method looked up on ``self``, ...), how it takes its arguments, and its
-arguments as they were on entry, pickled. A call whose arguments do not pickle is left out, and so is
+arguments as they were on entry, pickled; an argument that is a path in the test's temporary folder
+(pytest's ``tmp_path``, as text or a ``PurePath``) is made relative to it, so that the replayer, which
+makes each call with a fresh folder of its own as its working directory, finds there what the call
+writes. A call whose arguments do not pickle is left out, and so is
 a call of a function its name does not lead to (nested in another, or bound under another name), and
 calls past the limits; how many were left out is written beside the calls. A generator's frame is
 recorded on its first start only. The folders of the checkout on ``sys.path`` at the end are written
@@ -24,7 +27,7 @@ import os
 import pickle
 import reprlib
 import sys
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import pytest
 
@@ -109,6 +112,21 @@ def defaults(function, code) -> dict:
     return {**found, **(function.__kwdefaults__ or {})}
 
 
+def in_the_calls_folder(value, folder: str | None):
+    """``value`` relative to the test's temporary folder ``folder`` where it is a path in it (text or a
+    ``PurePath``); otherwise ``value``."""
+    if folder is None or not (type(value) is str or isinstance(value, PurePath)):
+        return value
+    path = os.fspath(value)
+    if path != folder and not path.startswith(folder + os.sep):
+        return value
+    relative = os.path.relpath(path, folder)
+    try:
+        return relative if type(value) is str else type(value)(relative)
+    except Exception:  # a path class of the repository's that is not made from text
+        return value
+
+
 def pytest_collection_modifyitems(config, items):
     kept = [item for item in items if item.nodeid in SELECT]
     config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in SELECT])
@@ -119,6 +137,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_call(item):
     started: list = []  # generator frames already recorded (kept alive, so their ids stay theirs)
     count = 0
+    temporary = getattr(item, "funcargs", {}).get("tmp_path")  # pytest's, where the test asked for it
+    folder = os.fspath(temporary) if isinstance(temporary, PurePath) else None
 
     def profile(frame, event, arg):
         nonlocal count
@@ -144,7 +164,7 @@ def pytest_runtest_call(item):
             # a value that is its parameter's default was not passed, as far as anyone can tell: left
             # out, so that the replay meets the function's own default (a bug may change it)
             arguments = {
-                name: values[name]
+                name: in_the_calls_folder(values[name], folder)
                 for name in names
                 if name is not None and name in values and not (name in default and values[name] is default[name])
             }

@@ -6,7 +6,8 @@ that process. When a bug is verified, the calls its failing tests make into the 
 recorded on the clean checkout (``recorder``), and each is made again by the original code, twice,
 in fresh processes (``replayer``); the first time, the replayer also makes calls of its own, each
 recorded call with one argument moved. What the original code answers (a digest of the value
-returned or the exception's type, and of the arguments as the call left them) is kept in the task,
+returned or the exception raised, the arguments as the call left them, what it printed and the files
+it wrote, and the numbers in it apart, compared within a tolerance: ``alike``) is kept in the task,
 for the calls that answered the same both times (``Replay``). A bug must change the answer to at
 least one of them (where every call was recorded); a fix must give the original's answer to every
 one.
@@ -25,6 +26,8 @@ lambdas), the replay has no calls and the verdict rests on the other layers, as 
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,11 @@ VARIANTS = 4  # calls the replayer makes of its own per recorded call (one argum
 CALL_SECONDS = 5.0  # what one call may take in the replayer
 NOT_REPLAYED = f'["{replayer.NOT_REPLAYED}"'  # how an answer begins where the call could not be made
 UNANSWERED = (NOT_REPLAYED, TIMEOUT)  # the original code gave no answer: the call is not judged
+#: how near two numbers of an answer must be to answer the same: pytest.approx's way, with a tighter
+#: relative tolerance (``math.fsum`` for ``sum`` answers the same; a float off by 1e-6 does not)
+RELATIVE, ABSOLUTE = 1e-9, 1e-12
+NUMBER = re.compile(r"-?(?:inf|nan|[0-9]{1,17}(?:\.[0-9]{1,17})?(?:e[-+][0-9]{1,3})?)")
+INTEGER = re.compile(r"-?[0-9]+")
 
 
 class Replay(BaseModel):
@@ -57,6 +65,9 @@ class Replay(BaseModel):
         default_factory=list, description="digest of what the original code answered; empty: not judged"
     )
     said: list[str] = Field(default_factory=list, description="the first characters of that answer")
+    numbers: list[list[str]] = Field(
+        default_factory=list, description="the numbers that answer carries beside its digest, exactly (``alike``)"
+    )
     paths: list[str] = Field(
         default_factory=list,
         description="folders of the checkout the tests ran with on sys.path (where classes the tests define load from)",
@@ -103,19 +114,48 @@ def recording_orders(root: str, tests: list[str], sources: list[str], out: str) 
 
 
 def answers_of(line: str) -> dict[str, Any] | None:
-    """The replayer's line (without its nonce) read: ``answers`` ([digest, first characters] per call)
-    and ``made`` (the calls it made: [call, as shown, the index of the recorded call it follows]);
-    None where it is not that."""
+    """The replayer's line (without its nonce) read: ``answers`` ([digest, first characters, the
+    numbers carried beside] per call) and ``made`` (the calls it made: [call, as shown, the index of
+    the recorded call it follows]); None where it is not that."""
     try:
         answer = json.loads(line)
     except (ValueError, RecursionError):
         return None
     if not isinstance(answer, list) or len(answer) != 2 or not isinstance(answer[0], list):
         return None
-    if not all(isinstance(item, list) and len(item) == 2 and all(isinstance(part, str) for part in item)
-               for item in answer[0]):  # fmt: skip
+    if not all(isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[1], str)
+               and numbers_in(item[2]) for item in answer[0]):  # fmt: skip
         return None
     return {"answers": answer[0], "made": answer[1]}
+
+
+def numbers_in(numbers: Any) -> bool:
+    """Whether ``numbers`` is what an answer carries beside its digest: at most ``replayer.NUMBERS``
+    numbers, each as Python writes an int or a float."""
+    return (
+        isinstance(numbers, list)
+        and len(numbers) <= replayer.NUMBERS
+        and all(isinstance(number, str) and NUMBER.fullmatch(number) for number in numbers)
+    )
+
+
+def alike(ours: list[str], theirs: list[str]) -> bool:
+    """Whether two answers' numbers answer the same, as a test's ``pytest.approx`` compares them but
+    tighter: two ints exactly, otherwise within ``RELATIVE`` of each other (or ``ABSOLUTE`` near zero),
+    a NaN as a NaN."""
+    if len(ours) != len(theirs):
+        return False
+    for one, other in zip(ours, theirs, strict=True):
+        if INTEGER.fullmatch(one) and INTEGER.fullmatch(other):
+            if int(one) != int(other):
+                return False
+            continue
+        first, second = float(one), float(other)
+        if not (math.isnan(first) and math.isnan(second)) and not math.isclose(
+            first, second, rel_tol=RELATIVE, abs_tol=ABSOLUTE
+        ):
+            return False
+    return True
 
 
 def in_order(recorded: list[dict], made: list[list[str]]) -> list[tuple[str, str]]:
@@ -143,12 +183,18 @@ def of_the_original(
     replay = Replay(paths=paths, recorded_all=recorded_all, described=replayer.DESCRIBED)
     again = second["answers"] if second is not None else []
     for index, (call, shown) in enumerate(calls):
-        digest, said = first[index]
-        stable = index < len(again) and again[index][0] == digest and not said.startswith(UNANSWERED)
+        digest, said, numbers = first[index]
+        stable = (
+            index < len(again)
+            and again[index][0] == digest
+            and alike(again[index][2], numbers)
+            and not said.startswith(UNANSWERED)
+        )
         replay.calls.append(call)
         replay.shown.append(shown)
         replay.answers.append(digest if stable else "")
         replay.said.append(said if stable else "")
+        replay.numbers.append(numbers if stable else [])
     return replay
 
 
@@ -164,9 +210,14 @@ def differing(replay: Replay, answers: list[list[str]] | None, of_a_fix: bool) -
     return [
         index
         for index in calls
-        if answers[index][0] != replay.answers[index]
+        if (answers[index][0] != replay.answers[index] or not alike(answers[index][2], carried(replay, index)))
         and (of_a_fix or not (answers[index][1] == REFUSED or answers[index][1].startswith(NOT_REPLAYED)))
     ]
+
+
+def carried(replay: Replay, index: int) -> list[str]:
+    """The numbers the original's answer to call ``index`` carries (none where the replay holds none)."""
+    return replay.numbers[index] if index < len(replay.numbers) else []
 
 
 def told(replay: Replay, answers: list[list[str]] | None, index: int) -> str:

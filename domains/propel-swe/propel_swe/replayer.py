@@ -8,19 +8,22 @@ call may take, and a seed where it should also make calls of its own), deletes t
 module in place of ``__main__``, installs the guard and makes what the code under test reads of its
 process a plain run's (``guard.as_a_user``: the string hash seed the harness starts it with,
 ``PYTHONHASHSEED``, out of ``os.environ``) before any code of the repository is loaded.
-Then, for each call in order, it loads the call's arguments and calls what a user reaches by the
-function's name: the module's or the class's attribute of that name (a method with ``self`` first, a
-classmethod with the call's own ``cls``, a property read or set), with the arguments laid out as the
-original function took them (``recorder``). It describes what came of it as data, as a test compares
-it (``describe``): the value returned (values that ``==`` makes equal alike whatever their class: a
-float and the int it equals, a str subclass and its text, a Counter, or a mapping that is no dict,
-and the dict it equals; floats
-to twelve significant digits; every item of a sequence, the first ``ITEMS`` in full and the rest in a
-digest; an object's attributes, ``__slots__`` included; never an address, in a repr or in a text) or
-the nearest built-in type of the exception raised, the arguments as the call left
-them (a method's effect on ``self``), the warnings it gave and what it printed. It writes, on the
-descriptor, one line: ``NONCE`` and a JSON list with, per call, a digest of that description and its
-first characters. With a seed, after each recorded call
+Then, for each call in order, in a fresh folder of its own as its working directory, it loads the
+call's arguments and calls what a user reaches by the function's name: the module's or the class's
+attribute of that name (a method with ``self`` first, a classmethod with the call's own ``cls``, a
+property read or set), with the arguments laid out as the original function took them
+(``recorder``). It describes what came of it as data, as a test compares it (``describe``): the
+value returned (values that ``==`` makes equal alike whatever their class: a float and the int it
+equals, a str subclass and its text, a Counter, or a mapping that is no dict, and the dict it equals;
+every item of a sequence, the first ``ITEMS`` in full and the rest in a digest; an object's
+attributes, ``__slots__`` included; never an address, in a repr or in a text) or the exception
+raised (its class's path and its message), the arguments as the call left them (a method's effect
+on ``self``), the warnings it gave, what it printed to stdout and to stderr, and what it left in its
+folder (names, sizes, digests). It writes, on the descriptor, one line: ``NONCE`` and a JSON list
+with, per call, a digest of that description with its first ``NUMBERS`` numbers taken out, its first
+characters, and those numbers' exact text, which the harness compares within a tolerance
+(``replay.alike``; numbers past them are in the digest, floats to twelve significant digits). With a
+seed, after each recorded call
 it makes ``variants`` calls of its own whose arguments differ from the recorded ones in one value (a
 number moved near or far, negated or zeroed; a string or a sequence shortened, turned round,
 lengthened or emptied) and answers them too, in the order it made them, and writes their pickles
@@ -54,6 +57,8 @@ import os
 import pickle
 import random
 import re
+import shutil
+import stat
 import sys
 import types
 import warnings
@@ -73,9 +78,19 @@ WITHOUT_ADDRESSES = re.compile(r"0x[0-9a-fA-F]+").sub
 #: an object's default repr kept in a text ("<Foo object at 0x7f...>"): the address goes, the rest stays
 ADDRESS_IN_TEXT = re.compile(r" at 0x[0-9a-fA-F]+").sub
 #: how answers are described: a replay recorded under another number is not compared (``Replay.judged``)
-DESCRIBED = 3
-PRINTED = 10_000  # characters of what a call printed that its description keeps
+DESCRIBED = 4
+PRINTED = 10_000  # characters of what a call printed to each stream that its description keeps
+MESSAGE = 1000  # characters of an exception's message that its description keeps
+NUMBERS = 64  # numbers a call's answer carries beside its digest, compared within a tolerance (``replay.alike``)
+FILES, FILE_BYTES = 100, 16 << 20  # entries of a call's folder described; bytes of a file digested
 STRING_IO, ORDERED = io.StringIO, collections.OrderedDict
+LIST_FOLDER, LSTAT, OPEN, READ, FSTAT, CLOSE = os.listdir, os.lstat, os.open, os.read, os.fstat, os.close
+MAKE_FOLDER, CHANGE_FOLDER, CURRENT_FOLDER, RANDOM_BYTES = os.mkdir, os.chdir, os.getcwd, os.urandom
+REMOVE_TREE, IS_FOLDER, IS_FILE, IS_LINK = shutil.rmtree, stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
+READ_ONLY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # a link or a FIFO the call left is not followed or waited on
+#: where each call's own folder is made: the replayer's run folder
+RUN_FOLDER = os.path.dirname(os.path.realpath(__file__))
+TYPE_MODULE, TYPE_QUALNAME = type.__dict__["__module__"].__get__, type.__dict__["__qualname__"].__get__
 MAPPING, SET = collections.abc.Mapping, collections.abc.Set
 ESCAPED = {'"': '\\"', "\\": "\\\\"}
 
@@ -101,7 +116,7 @@ def main() -> None:
     rng = random.Random(seed)
     for index, call in enumerate(calls):
         if late and orders.get("stop_when_late"):  # one call past its time: the rest is not reached
-            answers.append([SHA(NOT_REACHED.encode()).hexdigest(), NOT_REACHED])
+            answers.append([SHA(NOT_REACHED.encode()).hexdigest(), NOT_REACHED, []])
             continue
         answers.append(replay(call, orders["time_limit"], within, refusals, out_of_time))
         late = late or answers[-1][1] == TIMEOUT
@@ -125,33 +140,118 @@ def main() -> None:
         data = data[WRITE(fd, data) :]
 
 
-def replay(call: str, seconds: float, within, refusals, out_of_time) -> list[str]:
-    """[digest, first characters] of what came of one call (``describe``): what it returned or
-    raised, its arguments as it left them, and the warnings it gave (category and text)."""
-    before = len(refusals())
+def replay(call: str, seconds: float, within, refusals, out_of_time) -> list:
+    """[digest, first characters, numbers] of what came of one call, made with a fresh folder of its
+    own as its working directory (``describe``): what it returned or raised (``exception``), its
+    arguments as it left them, the warnings it gave, what it printed to stdout and to stderr, and what
+    it left in its folder (``folder_described``). The digest is of the description with its first
+    ``NUMBERS`` numbers taken out (``encoded``), which go beside it, to be compared within a tolerance
+    (``replay.alike``); the first characters show them."""
+    before, numbers = len(refusals()), []
+    folder, back = RUN_FOLDER + "/c" + RANDOM_BYTES(8).hex(), where_it_runs()
     try:
         with within(seconds):
             module, qualname, kind, layout, arguments = LOADS(FROM_BASE64(call))
-            printed, streams = STRING_IO(), (sys.stdout, sys.stderr)
+            MAKE_FOLDER(folder, 0o700)
+            CHANGE_FOLDER(folder)
+            out, err, streams = Printed(), Printed(), (sys.stdout, sys.stderr)
             with CATCH_WARNINGS(record=True) as warned:
                 WARN_ALWAYS("always")
-                sys.stdout = sys.stderr = printed
+                sys.stdout, sys.stderr = out, err
                 try:
                     returned = ["returned", describe(call_as_a_user(module, qualname, kind, layout, arguments))]
                 except Exception as exc:  # past its time, the call is interrupted (no Exception): ``within``
-                    returned = ["raised", built_in_kind(exc)]  # not its message: a right fix may word it otherwise
+                    returned = ["raised", *exception(exc)]
                 finally:
                     sys.stdout, sys.stderr = streams
-            given = [[built_in_kind(each.message), WITHOUT_ADDRESSES("0x", str(each.message))[:200]] for each in warned]
-            said = without_addresses(printed.getvalue()[:PRINTED])
-            description = encoded([returned, describe(arguments), given, said])
+            given = [exception(each.message) for each in warned]
+            printed = [without_addresses(STRING_IO.getvalue(each)) for each in (out, err)]
+            description = [returned, describe(arguments), given, *printed, folder_described(folder)]
+            said, digested = encoded(description), encoded(description, numbers)
     except out_of_time:
-        description = TIMEOUT
+        said, digested, numbers = TIMEOUT, TIMEOUT, []
     except BaseException as exc:  # it could not be loaded or found, or it left by SystemExit
-        description = encoded([NOT_REPLAYED, type(exc).__name__])
+        said = digested = encoded([NOT_REPLAYED, type(exc).__name__])
+        numbers = []
+    finally:
+        leave(folder, back)
     if len(refusals()) > before:  # the change asked the guard for something while this call ran
-        description = REFUSED
-    return [SHA(description.encode()).hexdigest(), description[:SHOWN]]
+        said, digested, numbers = REFUSED, REFUSED, []
+    return [SHA(digested.encode()).hexdigest(), said[:SHOWN], numbers]
+
+
+class Printed(io.StringIO):
+    """One stream a call prints to: its first ``PRINTED`` characters are kept."""
+
+    def write(self, text):
+        STRING_IO.write(self, text[: max(0, PRINTED - STRING_IO.tell(self))])
+        return len(text)
+
+
+def where_it_runs() -> str:
+    """The working directory a call's folder is left for: the replayer's run folder where a call
+    removed the one it ran in."""
+    try:
+        return CURRENT_FOLDER()
+    except OSError:
+        return RUN_FOLDER
+
+
+def leave(folder: str, back: str) -> None:
+    """Go back to ``back`` (wherever the call went) and remove the call's folder."""
+    for each in (back, RUN_FOLDER):
+        try:
+            CHANGE_FOLDER(each)
+            break
+        except OSError:  # a call removed it
+            continue
+    REMOVE_TREE(folder, ignore_errors=True)
+
+
+def folder_described(folder: str) -> list:
+    """What a call left in its folder: how many entries it holds and the first ``FILES`` (in sorted
+    order) each by its name relative to the folder and what it is: a folder, a link (not followed),
+    a file with its size and a digest of its first ``FILE_BYTES`` bytes, or something else."""
+    if not IS_FOLDER(LSTAT(folder).st_mode):  # the call put something else in its place
+        return ["no folder"]
+    found, waiting = [], [""]
+    while waiting:
+        inside = waiting.pop()
+        try:
+            names = LIST_FOLDER(folder + "/" + inside)
+        except OSError:
+            found.append([inside, "unreadable"])
+            continue
+        for name in names:
+            relative = inside + name
+            mode = LSTAT(folder + "/" + relative).st_mode
+            found.append([relative, mode])
+            if IS_FOLDER(mode) and relative.count("/") < DEPTH:
+                waiting.append(relative + "/")
+    found.sort(key=lambda entry: entry[0])
+    return [str(len(found)), [entry_described(folder, *entry) for entry in found[:FILES]]]
+
+
+def entry_described(folder: str, relative: str, mode) -> list[str]:
+    if type(mode) is str or IS_FOLDER(mode):
+        return [relative, mode if type(mode) is str else "folder"]
+    if IS_LINK(mode):
+        return [relative, "link"]
+    try:
+        opened = OPEN(folder + "/" + relative, READ_ONLY)
+    except OSError:
+        return [relative, "unreadable"]
+    try:
+        status = FSTAT(opened)
+        if not IS_FILE(status.st_mode):
+            return [relative, "other"]
+        digest, left = SHA(), FILE_BYTES
+        while left > 0 and (chunk := READ(opened, min(left, 1 << 20))):
+            digest.update(chunk)
+            left -= len(chunk)
+        return [relative, "file", str(status.st_size), digest.hexdigest()]
+    finally:
+        CLOSE(opened)
 
 
 def call_as_a_user(module: str, qualname: str, kind: str, layout: dict, arguments: dict):
@@ -183,32 +283,53 @@ def call_as_a_user(module: str, qualname: str, kind: str, layout: dict, argument
     return found(*positional, **keywords)
 
 
-def built_in_kind(exc: BaseException) -> str:
-    """The nearest built-in type of an exception (a ``StatisticsError`` is a ``ValueError``): what a
-    test that expects the original's exception accepts of a subclass."""
-    return next(kind.__qualname__ for kind in type(exc).__mro__ if kind.__module__ == "builtins")
+def exception(exc: BaseException) -> list:
+    """An exception as a test that catches it sees it: its class (``class_path``), which
+    ``pytest.raises`` tells from its built-in base, and its message (``str``, which ``match=`` reads:
+    its first ``MESSAGE`` characters, without addresses); where making the message raises, the class
+    of what it raised."""
+    try:
+        message = without_addresses(str.__str__(str(exc))[:MESSAGE])
+    except Exception as failed:  # past its time, the interrupt is no Exception: the call's time bounds this
+        message = ["str raised", class_path(type(failed))]
+    return [class_path(type(exc)), message]
+
+
+def class_path(kind: type) -> str:
+    """A class as a test names it: ``module.qualname`` (a built-in by its name alone), read from the
+    class itself, whatever its metaclass says of it; ``?`` for a module that is no text."""
+    try:
+        module = TYPE_MODULE(kind)
+    except Exception:  # a class whose __module__ was taken out of its namespace
+        module = None
+    name = str.__str__(TYPE_QUALNAME(kind))
+    if type(module) is not str:
+        module = "?"
+    return (name if module == "builtins" else module + "." + name)[:SHOWN]
 
 
 def describe(value, depth: int = 0):
     """``value`` as plain data (text, lists, None and booleans), as ``==`` compares it: numbers that
-    compare equal alike (floats to twelve significant digits), a subclass of str, int, float, list,
+    compare equal alike (``Number``: floats to twelve significant digits, each number's exact text
+    beside), a subclass of str, int, float, list,
     tuple, dict (an OrderedDict apart) or set, and any other ``collections.abc.Mapping`` or ``Set``,
     as the built-in value it equals, containers as they are (a set or a dict in sorted order; a
     sequence's items past ``ITEMS`` in a digest), an
     iterator's first ``ITEMS`` items, another object as its type and attributes, ``__slots__``
     included; no address, in a repr or in a text."""
     kind = type(value)
-    name = kind.__module__ + "." + kind.__qualname__
+    name = class_path(kind)
     if value is None or kind is bool:
         return value
     if isinstance(value, str):  # a str subclass compares as its text; an object's address in it is not kept
         return without_addresses(str.__str__(value))
-    if isinstance(value, int):
-        return ["number", int.__repr__(value)]
+    if isinstance(value, int):  # past 2**53 no float is near enough to matter: compared exactly
+        text = int.__repr__(int.__int__(value))
+        return Number(text, text) if abs(int.__int__(value)) < 2**53 else ["number", text]
     if isinstance(value, float):  # as == compares a float with the int it equals, and near the last digits
         number = float.__float__(value)
         whole = number.is_integer() and abs(number) < 2**53
-        return ["number", str(int(number)) if whole else format(number, ".12g")]
+        return Number(str(int(number)) if whole else format(number, ".12g"), float.__repr__(number))
     if kind is complex:
         return ["complex", repr(value)]
     if depth >= DEPTH:
@@ -235,7 +356,7 @@ def describe(value, depth: int = 0):
         items = [describe(item, depth + 1) for item in islice(value, ITEMS)]
         return ["builtins.set", str(len(value)), sorted(items, key=encoded)]
     if isinstance(value, BaseException):
-        return [built_in_kind(value), describe(value.args, depth + 1)]
+        return ["exception", *exception(value)]
     if isinstance(value, NAMED):
         return [name, getattr(value, "__module__", None), getattr(value, "__qualname__", value.__name__)]
     if hasattr(kind, "__next__"):
@@ -246,7 +367,7 @@ def describe(value, depth: int = 0):
                 if len(items) >= ITEMS:
                     break
         except Exception as exc:
-            items.append(["raised", built_in_kind(exc)])
+            items.append(["raised", *exception(exc)])
         return [name, "iterator", items]
     state = getattr(value, "__dict__", None)
     state = dict(state) if isinstance(state, dict) else {}
@@ -265,16 +386,33 @@ def without_addresses(text: str) -> str:
     return ADDRESS_IN_TEXT(" at 0x", text) if " at 0x" in text else text
 
 
-def encoded(value) -> str:
+class Number(list):
+    """A number as a description holds it: ``["number", text]``, the text rounded to twelve significant
+    digits (an int as it is), and its exact text (``exact``), which the answer can carry beside its
+    digest (``encoded``)."""
+
+    __slots__ = ("exact",)
+
+    def __init__(self, rounded: str, exact: str):
+        list.__init__(self, ("number", rounded))
+        self.exact = exact
+
+
+def encoded(value, numbers: list[str] | None = None) -> str:
     """A description (text, lists, None, booleans) as JSON, by these lines alone: ``json``'s encoder is
-    a module the code under test can change."""
+    a module the code under test can change. With ``numbers``, the first ``NUMBERS`` numbers
+    (``Number``) are written ``["number"]``, their exact text appended to ``numbers``; the others
+    rounded."""
+    if type(value) is Number and numbers is not None and len(numbers) < NUMBERS:
+        numbers.append(value.exact)
+        return '["number"]'
     if value is None:
         return "null"
     if value is True or value is False:
         return "true" if value else "false"
     if type(value) is str:
         return '"' + "".join(_escaped(char) for char in value) + '"'
-    return "[" + ",".join(encoded(item) for item in value) + "]"
+    return "[" + ",".join(encoded(item, numbers) for item in value) + "]"
 
 
 def _escaped(char: str) -> str:

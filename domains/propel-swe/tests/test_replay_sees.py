@@ -1,0 +1,294 @@
+"""The replay sees what the tests see and compares as they compare (docs/swe.md, layer 4; issue 58):
+an exception's class and message, stdout apart from stderr, the files a call writes, and numbers
+within a tolerance. Each bug here is one the replay could not see before (a bug it cannot see is
+kept on the other layers' judgment, and ``Replay.changed`` says it saw nothing), each fix one it
+refused."""
+
+import base64
+import contextlib
+import math
+import os
+import pickle
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import local_domain
+from test_replay_layer import attempt, words_diff
+
+from propel_swe import replayer
+from propel_swe.checkout import git_checkout
+from propel_swe.replay import Replay, differing
+
+TOTALLED = [1.000000007795, 0.4, -0.4]  # sum and math.fsum differ at the twelfth significant digit
+AVERAGED = [3.000000000885, 2.7, -2.7]  # so do sum / len and statistics.fmean
+
+
+class LibError(ValueError):
+    """A library's own exception."""
+
+
+# functions whose calls the replayer makes here, in pairs that differ only where a test would see it
+def raised(line):
+    raise LibError(f"no '=' in {line!r}")
+
+
+def raised_reworded(line):
+    raise LibError(f"no '=' in {line}")
+
+
+def raised_base(line):
+    raise ValueError(f"no '=' in {line!r}")
+
+
+def to_stdout(line):
+    print(line)
+
+
+def to_stderr(line):
+    print(line, file=sys.stderr)
+
+
+def written(line):
+    Path("out.csv").write_text(line)
+
+
+def written_otherwise(line):
+    Path("out.csv").write_text(line + "\n")
+
+
+def summed(line):
+    return sum(line)
+
+
+def fsummed(line):
+    return math.fsum(line)
+
+
+def divided(line):
+    return sum(line) / len(line)
+
+
+def fmeaned(line):
+    return statistics.fmean(line)
+
+
+def summed_off(line):
+    return sum(line) * (1 + 1e-6)
+
+
+def counted(line):
+    return 2**40 + len(line)
+
+
+def counted_off(line):
+    return 2**40 + len(line) + 1
+
+
+def left(line):
+    os.symlink("/etc/passwd", "link")
+    os.mkfifo("fifo")
+    os.chdir(line)
+
+
+def answer(function, line) -> list:
+    """What the replayer answers to ``function(line)``, made in this process."""
+    layout = {"positional": ["line"], "varargs": None, "keyword": [], "varkw": None}
+    call = base64.b64encode(pickle.dumps((__name__, function.__name__, "function", layout, {"line": line})))
+    return replayer.replay(call.decode(), 5.0, lambda seconds: contextlib.nullcontext(), lambda: (), TimeoutError)
+
+
+def replay_of(answered: list) -> Replay:
+    """A replay whose one call the original code answered ``answered``."""
+    digest, said, numbers = answered
+    return Replay(
+        calls=["c"], shown=["f()"], answers=[digest], said=[said], numbers=[numbers], described=replayer.DESCRIBED
+    )
+
+
+def otherwise(original, change, line) -> bool:
+    """Whether a fix that is ``change`` where the original is ``original`` answers otherwise."""
+    return differing(replay_of(answer(original, line)), [answer(change, line)], of_a_fix=True) == [0]
+
+
+def test_an_exception_is_answered_by_its_class_and_message():
+    """A wrong message, or a library's exception replaced by its built-in base, answers otherwise."""
+    assert not otherwise(raised, raised, "rent")
+    assert otherwise(raised, raised_reworded, "rent") and otherwise(raised, raised_base, "rent")
+    assert replayer.exception(statistics.StatisticsError("none")) == ["statistics.StatisticsError", "none"]
+    assert replayer.exception(ValueError(f"{object()!r}")) == replayer.exception(ValueError(f"{object()!r}"))
+
+
+def test_a_hostile_exception_is_described_without_harm():
+    class Loud(Exception):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    class Huge(Exception):
+        def __str__(self):
+            return "x" * 10**7
+
+    odd = type("Odd", (Exception,), {"__module__": 7})
+    assert replayer.exception(Loud()) == [f"{__name__}.{Loud.__qualname__}", ["str raised", "RuntimeError"]]
+    assert len(replayer.exception(Huge())[1]) == replayer.MESSAGE
+    assert replayer.exception(odd())[0] == "?.Odd"
+
+
+def test_stdout_and_stderr_are_answered_apart():
+    assert otherwise(to_stdout, to_stderr, "no entries") and not otherwise(to_stderr, to_stderr, "no entries")
+
+
+def test_what_a_call_writes_in_its_folder_is_part_of_its_answer():
+    """Each call runs in a fresh empty folder of its own: what it writes there is described (name,
+    size, digest); a link out of it is not followed, a FIFO not waited on, a call that leaves for
+    another folder leaves this process where it was, and the folder is removed."""
+    here = os.getcwd()
+    assert otherwise(written, written_otherwise, "rent,12.5") and not otherwise(written, written, "rent,12.5")
+    said = answer(left, "/")[1]
+    assert '["fifo","other"],["link","link"]' in said, said
+    assert os.getcwd() == here and not Path("out.csv").exists()
+    assert not [name for name in os.listdir(replayer.RUN_FOLDER) if name.startswith("c") and len(name) == 17]
+
+
+def test_numbers_answer_the_same_within_a_relative_tolerance():
+    """``math.fsum`` for ``sum`` and ``statistics.fmean`` for a mean answer the same, though they differ
+    at the twelfth significant digit; a float off by 1e-6 relative, or an int off by one, does not."""
+    assert format(sum(TOTALLED), ".12g") != format(math.fsum(TOTALLED), ".12g")
+    assert not otherwise(summed, fsummed, TOTALLED) and not otherwise(divided, fmeaned, AVERAGED)
+    assert otherwise(summed, summed_off, TOTALLED) and otherwise(counted, counted_off, TOTALLED)
+    carried = []
+    replayer.encoded(replayer.describe([0.5] * (replayer.NUMBERS + 3)), carried)
+    assert carried == ["0.5"] * replayer.NUMBERS  # the rest rounded, in the digest
+
+
+LEDGER = """\
+import statistics
+import sys
+
+
+class ParseError(ValueError):
+    \"\"\"A line that is no entry.\"\"\"
+
+
+def parse(line):
+    name, sep, amount = line.partition("=")
+    if not sep:
+        raise ParseError(f"no '=' in {line!r}")
+    return name.strip(), float(amount)
+
+
+def total(amounts):
+    return sum(amounts)
+
+
+def mean(amounts):
+    if not amounts:
+        raise ValueError("mean of nothing")
+    return sum(amounts) / len(amounts)
+
+
+def report(entries):
+    for name, amount in entries:
+        print(f"{name:<8}{amount:>8.2f}")
+    if not entries:
+        print("no entries", file=sys.stderr)
+
+
+def save(entries, path):
+    with open(path, "w") as out:
+        for name, amount in entries:
+            out.write(f"{name},{amount}\\n")
+"""
+LEDGER_TESTS = f"""\
+import pytest
+
+from ledger.core import ParseError, mean, parse, report, save, total
+
+
+def test_parse():
+    assert parse("rent = 12.5") == ("rent", 12.5)
+    with pytest.raises(ParseError, match="no '=' in 'rent'"):
+        parse("rent")
+
+
+def test_total():
+    assert total({TOTALLED!r}) == pytest.approx(1.000000007795)
+
+
+def test_mean():
+    assert mean({AVERAGED!r}) == pytest.approx(1.000000000295)
+
+
+def test_report(capsys):
+    report([("rent", 12.5)])
+    report([])
+    assert capsys.readouterr() == ("rent       12.50\\n", "no entries\\n")
+
+
+def test_save(tmp_path):
+    save([("rent", 12.5)], tmp_path / "out.csv")
+    assert (tmp_path / "out.csv").read_text() == "rent,12.5\\n"
+"""
+#: real bugs the replay could not see: a wrong message, a library exception made its built-in base,
+#: a line printed to stdout that belongs on stderr, a file written wrong
+UNSEEN = {
+    "message": ("raise ParseError(f\"no '=' in {line!r}\")", "raise ParseError(f\"no '=' in {line}\")"),
+    "base": ("raise ParseError(", "raise ValueError("),
+    "stream": ('print("no entries", file=sys.stderr)', 'print("no entries")'),
+    "file": ('out.write(f"{name},{amount}\\n")', 'out.write(f"{name};{amount}\\n")'),
+}
+#: bugs whose right fix is not their revert: ``math.fsum`` or ``statistics.fmean`` where the test uses approx
+FIXED_OTHERWISE = {
+    "fsum": (
+        "    return sum(amounts)\n",
+        "    return sum(amounts[1:])\n",
+        "    return __import__('math').fsum(amounts)\n",
+    ),
+    "fmean": (
+        "    return sum(amounts) / len(amounts)\n",
+        "    return sum(amounts) / (len(amounts) + 1)\n",
+        "    return statistics.fmean(amounts)\n",
+    ),
+}
+
+
+def ledger_diff(before: str, after: str) -> str:
+    return words_diff(before, after, "ledger/core.py")
+
+
+@pytest.fixture(scope="module")
+def ledger_domain(test_env, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repos") / "ledger"
+    (repo / "ledger").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "ledger" / "__init__.py").write_text("")
+    (repo / "ledger" / "core.py").write_text(LEDGER)
+    (repo / "tests" / "test_ledger.py").write_text(LEDGER_TESTS)
+    return local_domain("ledger", git_checkout(repo), test_env, tmp_path_factory.mktemp("ledger"))
+
+
+@pytest.mark.parametrize("bug", sorted(UNSEEN))
+def test_a_bug_only_the_tests_saw_before_changes_an_answer_and_its_revert_solves_it(ledger_domain, bug):
+    buggy = LEDGER.replace(*UNSEEN[bug])
+    assert buggy != LEDGER
+    payload = {"repo": "ledger", "diff": ledger_diff(LEDGER, buggy), "turns": ["x"]}
+    validity = ledger_domain.verify(payload)
+    assert validity.valid, validity.reason
+    replay = Replay.model_validate(payload["replay"])
+    assert replay.judged and replay.changed, replay  # the replay saw the bug itself
+    verdict = ledger_domain.grade(payload, attempt(ledger_diff(buggy, LEDGER)))
+    assert verdict.solved is True, verdict.reason
+    assert verdict.diagnostics["judged_by"]["replayed"] == replay.judged
+
+
+@pytest.mark.parametrize("bug", sorted(FIXED_OTHERWISE))
+def test_a_right_fix_that_sums_otherwise_is_solved(ledger_domain, bug):
+    original, wrong, right = FIXED_OTHERWISE[bug]
+    buggy, fixed = LEDGER.replace(original, wrong), LEDGER.replace(original, right)
+    assert buggy != LEDGER != fixed
+    payload = {"repo": "ledger", "diff": ledger_diff(LEDGER, buggy), "turns": ["x"]}
+    assert ledger_domain.verify(payload).valid
+    verdict = ledger_domain.grade(payload, attempt(ledger_diff(buggy, fixed)))
+    assert verdict.solved is True, verdict.reason
+    assert verdict.diagnostics["judged_by"]["replayed"] == Replay.model_validate(payload["replay"]).judged > 0
