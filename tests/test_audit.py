@@ -338,3 +338,16 @@ def test_masking_truncated_completions_beside_stop_strings_is_refused(tmp_path, 
     with pytest.raises(PropelError, match=r"train.mask_truncated_completions takes a completion that ended on a stop"):
         train(run)
     assert not (tmp_path / "train" / "adapter").exists()
+
+
+def test_an_audit_says_its_figures_in_three_decimals_and_why_one_is_missing():
+    """The progress line of an audit (issue 60's trial printed ``calibration gap 0.3370174914598465``,
+    and ``None`` where nothing was probed)."""
+    from propel_core.training.audit import audit_line
+
+    measured = {"step": 3, "utility": 0.25, "gap": 0.3370174914598465, "auroc": 0.71234}
+    assert audit_line(measured) == "audit of step 3: utility 0.250, calibration gap +0.337, AUROC 0.712"
+    nothing_valid = {"step": 0, "utility": 0.0, "gap": None, "auroc": None}
+    assert audit_line(nothing_valid) == (
+        "audit of step 0: utility 0.000, calibration gap n/a, AUROC n/a (no audited tasks on both sides of the band)"
+    )

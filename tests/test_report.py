@@ -202,7 +202,28 @@ def test_the_verdict_follows_its_rule():
     assert probe_verdict(USEFUL_AUC - 0.01, 0.9, 64, gap=0.0).startswith("Do not trust it: its held-out AUC")
     assert "too few to tell" in probe_verdict(0.9, 0.9, FEW_ROWS - 1, gap=0.0)
     assert probe_verdict(0.9, None, 0, gap=None).startswith("Not checked on the policy's own tasks")
+    assert "no audit ran (set train.audit.every)" in probe_verdict(0.9, None, 0, gap=None)
     assert probe_verdict(None, None, 0, gap=None).startswith("No verdict")
+
+
+def test_audits_on_one_side_of_the_band_show_their_gap_and_say_why_no_auroc(tmp_path):
+    """The trial of issue 60 (small/arithmetic): two audits ran, every audited task out of the band, so
+    neither measured an AUROC; the page said "set train.audit.every" (it was set) and showed their
+    calibration gap as n/a. It names the audits that ran, why they have no AUROC, and their gap."""
+    from propel_core.stages.report import trust_section
+
+    selected = tmp_path / "probes" / "selected"
+    selected.mkdir(parents=True)
+    (selected / "probe.json").write_text(json.dumps({"metrics": {"test_auc": 0.75, "test_rows": 4}}))
+    (tmp_path / "train").mkdir()
+    audits = [{"step": step, "utility": 0.0, "auroc": None, "gap": gap} for step, gap in ((0, 0.494), (1, 0.442))]
+    (tmp_path / "train" / "audit.jsonl").write_text("".join(json.dumps(a) + "\n" for a in audits))
+    trust = trust_section(tmp_path, selected)
+    assert "the 2 audits that ran had no tasks on both sides of the band, which an AUROC needs" in trust
+    assert "(calibration gap +0.47: the probe&#x27;s probability less the real in-band rate)" in trust
+    assert "set train.audit.every" not in trust and "audits at steps 1, 2" in trust
+    gap_row = trust.split("calibration gap)</td>", 1)[1].split("</tr>", 1)[0]
+    assert "0.468" in gap_row, gap_row
 
 
 @pytest.mark.parametrize("run", ["after_probe", "finished"])

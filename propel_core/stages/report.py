@@ -534,11 +534,14 @@ USEFUL_AUC = 0.6
 TRANSFER_DROP = 0.1
 
 
-def probe_verdict(held_out: float | None, on_policy: float | None, rows: int, gap: float | None) -> str:
+def probe_verdict(
+    held_out: float | None, on_policy: float | None, rows: int, gap: float | None, audited: int = 0
+) -> str:
     """One sentence on whether the probe's reward can be trusted: its held-out AUC against the AUROC
     the audits measured on ``rows`` of the policy's own tasks (None: none measured one), and the mean
     calibration gap (probe probability minus the real in-band rate) that tells an exploited probe
-    (positive: the policy pleases it) from one that does not transfer."""
+    (positive: the policy pleases it) from one that does not transfer. ``audited``: the audits that
+    ran, an AUROC or not (one needs tasks on both sides of the band)."""
     if held_out is None:
         return "No verdict: there is no selected probe with a held-out AUC yet."
     if held_out < USEFUL_AUC:
@@ -547,10 +550,16 @@ def probe_verdict(held_out: float | None, on_policy: float | None, rows: int, ga
             "tasks from the rest even on the corpus it was fitted to."
         )
     if on_policy is None:
+        if not audited:
+            why = "no audit ran (set train.audit.every)"
+        else:
+            ran = f"{audited} audit{'s' if audited > 1 else ''}"
+            why = f"the {ran} that ran had no tasks on both sides of the band, which an AUROC needs"
+            if gap is not None:
+                why += f" (calibration gap {gap:+.2f}: the probe's probability less the real in-band rate)"
         return (
-            f"Not checked on the policy's own tasks: held-out AUC {held_out:.2f}, but no audit measured an AUROC "
-            "(set train.audit.every, or the audited tasks were all of one class), so nothing says whether the "
-            "policy exploits the probe."
+            f"Not checked on the policy's own tasks: held-out AUC {held_out:.2f}, but {why}, so nothing says "
+            "whether the policy exploits the probe."
         )
     few = f" Measured on {rows} rows only: too few to tell for sure." if rows < FEW_ROWS else ""
     if on_policy >= USEFUL_AUC and on_policy >= held_out - TRANSFER_DROP:
@@ -575,33 +584,32 @@ def trust_section(root: Path, selected: Path) -> str:
     rows each measured it on."""
     bundle = selected / "probe.json"
     found = json.loads(bundle.read_text())["metrics"] if bundle.exists() else {}
-    audits = [a for a in read_records(root / "train") if a.get("auroc") is not None]
+    audits = [a for a in read_records(root / "train") if "error" not in a]  # an AUROC or not
     rows = audit_rows(root / "train")
-    weights = [rows.get(a["step"], 0) for a in audits]
-    total = sum(weights)
 
-    def mean(key: str) -> float | None:
-        values = [(a[key], w) for a, w in zip(audits, weights, strict=True) if a.get(key) is not None]
+    def mean(key: str) -> tuple[float | None, int | None]:
+        """The audits' ``key``, weighted by their rows, and those rows (None: not journaled)."""
+        values = [(a[key], rows.get(a["step"], 0)) for a in audits if a.get(key) is not None]
         weight = sum(w for _, w in values)
         if not weight:  # none, or their rows not journaled: each audit counts alike
-            return statistics.fmean(value for value, _ in values) if values else None
-        return sum(value * w for value, w in values) / weight
+            return (statistics.fmean(value for value, _ in values) if values else None), None
+        return sum(value * w for value, w in values) / weight, weight
 
-    held_rows, auroc, gap = found.get("test_rows"), mean("auroc"), mean("gap")
+    held_rows, (auroc, total), (gap, gap_rows) = found.get("test_rows"), mean("auroc"), mean("gap")
     steps = ", ".join(str(a["step"] + 1) for a in audits) or "none"
     table = rows_table(
         ["", "held-out rows (the probe sweep's selected cell)", f"the policy's own tasks (audits at steps {steps})"],
         [
-            ["AUC", with_n(found.get("test_auc"), held_rows), with_n(auroc, total or None)],
+            ["AUC", with_n(found.get("test_auc"), held_rows), with_n(auroc, total)],
             [
                 "balanced accuracy",
                 with_n(found.get("test_balanced_accuracy"), held_rows),
-                with_n(mean("balanced_accuracy"), total or None),
+                with_n(*mean("balanced_accuracy")),
             ],
-            ["probe probability - real in-band rate (calibration gap)", "-", with_n(gap, total or None)],
+            ["probe probability - real in-band rate (calibration gap)", "-", with_n(gap, gap_rows)],
         ],
     )
-    sentence = probe_verdict(found.get("test_auc"), auroc, total, gap)
+    sentence = probe_verdict(found.get("test_auc"), auroc, total or 0, gap, audited=len(audits))
     return f"<p class='verdict'>{html.escape(sentence)}</p>" + table
 
 

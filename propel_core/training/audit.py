@@ -158,7 +158,7 @@ class Audit:
         self._record(step, record)
         if self.track is not None:
             self.track({f"audit/{key}": value for key, value in record.items() if _number(value)}, step)
-        log.info("audit of step %d: utility %s, calibration gap %s", step, record["utility"], record["gap"])
+        log.info("%s", audit_line(record))
 
     def _record(self, step: int, record: dict) -> None:
         """Keep the step's adapter if its utility is the best yet, then append the record, then drop
@@ -315,6 +315,22 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def audit_line(record: dict) -> str:
+    """The progress line of one audit: its utility, calibration gap and AUROC, each with three
+    decimals, or why there is none (an AUROC needs audited tasks on both sides of the band)."""
+
+    def shown(value: float | None, sign: str = "") -> str:
+        return "n/a" if value is None else f"{value:{sign}.3f}"
+
+    auroc = (
+        "n/a (no audited tasks on both sides of the band)" if record.get("auroc") is None else shown(record["auroc"])
+    )
+    return (
+        f"audit of step {record['step']}: utility {shown(record['utility'])}, "
+        f"calibration gap {shown(record['gap'], '+')}, AUROC {auroc}"
+    )
 
 
 def _number(value) -> bool:
