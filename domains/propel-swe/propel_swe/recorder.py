@@ -11,9 +11,10 @@ or C code the test called, such as ``list`` or ``map``). Such a call is recorded
 defines its function, the function's qualified name, how a user reaches it by that name (``kind_of``:
 the module's attribute, a method looked up on ``self``, ...), how it takes its arguments, and its
 arguments as they were on entry, pickled; an argument that is a path in the test's temporary folder
-(pytest's ``tmp_path``, as text or a ``PurePath``) is made relative to it, so that the replayer, which
-makes each call with a fresh folder of its own as its working directory, finds there what the call
-writes. A call whose arguments do not pickle is left out, and so is
+(pytest's ``tmp_path``, as text or a ``PurePath``) is made relative to it, and the files that folder
+holds as the call starts are recorded with it (``held``), so that the replayer, which makes each call
+with a fresh folder of its own as its working directory, puts them there and finds there what the
+call writes. A call whose arguments do not pickle is left out, and so is
 a call of a function its name does not lead to (nested in another, or bound under another name), and
 calls past the limits; how many were left out is written beside the calls. A generator's frame is
 recorded on its first start only. The folders of the checkout on ``sys.path`` at the end are written
@@ -40,6 +41,7 @@ MAX_CALLS, MAX_PER_TEST, MAX_BYTES = ORDERS["max_calls"], ORDERS["max_per_test"]
 GENERATOR_FLAGS = 0x20 | 0x80 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR
 SHOWN = reprlib.Repr()
 SHOWN.maxstring, SHOWN.maxother, SHOWN.maxlist = 40, 40, 6
+FOLDER_FILES, FOLDER_BYTES = 20, 16 << 10  # files of a test's temporary folder recorded with a call, their bytes
 
 calls: list[dict] = []
 size = skipped = 0  # bytes recorded; calls at the boundary not recorded
@@ -127,6 +129,26 @@ def in_the_calls_folder(value, folder: str | None):
         return value
 
 
+def held(folder: str) -> dict[str, bytes]:
+    """The files ``folder`` holds, by name relative to it: the first ``FOLDER_FILES`` (in sorted order,
+    folder by folder) whose contents fit ``FOLDER_BYTES`` in all; links and what is no file are not."""
+    files, size = {}, 0
+    for inside, folders, names in os.walk(folder):
+        folders.sort()
+        for name in sorted(names):
+            path = os.path.join(inside, name)
+            if len(files) >= FOLDER_FILES or os.path.islink(path) or not os.path.isfile(path):
+                continue
+            try:
+                data = Path(path).read_bytes() if size + os.path.getsize(path) <= FOLDER_BYTES else None
+            except OSError:  # gone, or not readable
+                data = None
+            if data is not None and size + len(data) <= FOLDER_BYTES:
+                files[os.path.relpath(path, folder)] = data
+                size += len(data)
+    return files
+
+
 def pytest_collection_modifyitems(config, items):
     kept = [item for item in items if item.nodeid in SELECT]
     config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in SELECT])
@@ -168,6 +190,8 @@ def pytest_runtest_call(item):
                 for name in names
                 if name is not None and name in values and not (name in default and values[name] is default[name])
             }
+            if any(arguments[name] is not values[name] for name in arguments):  # a path in the test's folder
+                taken["folder"] = held(folder)  # what the replayer puts in the call's folder before the call
             try:
                 data = pickle.dumps((module, code.co_qualname, kind, taken, arguments), protocol=4)
             except Exception:  # not every argument pickles (a generator, a lambda, a module)

@@ -8,13 +8,14 @@ call may take, and a seed where it should also make calls of its own), deletes t
 module in place of ``__main__``, installs the guard and makes what the code under test reads of its
 process a plain run's (``guard.as_a_user``: the string hash seed the harness starts it with,
 ``PYTHONHASHSEED``, out of ``os.environ``) before any code of the repository is loaded.
-Then, for each call in order, in a fresh folder of its own as its working directory, it loads the
-call's arguments and calls what a user reaches by the function's name: the module's or the class's
-attribute of that name (a method with ``self`` first, a classmethod with the call's own ``cls``, a
-property read or set), with the arguments laid out as the original function took them
-(``recorder``). It describes what came of it as data, as a test compares it (``describe``): the
-value returned (values that ``==`` makes equal alike whatever their class: a float and the int it
-equals, a str subclass and its text, a Counter, or a mapping that is no dict, and the dict it equals;
+Then, for each call in order, in a fresh folder of its own as its working directory (holding the
+files the test's temporary folder held), it loads the call's arguments and calls what a user
+reaches by the function's name: the module's or the class's attribute of that name (a method with
+``self`` first, a classmethod with the call's own ``cls``, a property read or set), with the
+arguments laid out as the original function took them (``recorder``). It describes what came of it
+as data, as a test compares it (``describe``): the value returned (values that ``==`` makes equal
+alike whatever their class: a float and the int it equals, a str subclass and its text, a Counter,
+or a mapping that is no dict, and the dict it equals;
 every item of a sequence, the first ``ITEMS`` in full and the rest in a digest; an object's
 attributes, ``__slots__`` included; never an address, in a repr or in a text) or the exception
 raised (its class's path and its message), the arguments as the call left them (a method's effect
@@ -63,7 +64,7 @@ import sys
 import types
 import warnings
 from itertools import islice
-from pathlib import Path
+from pathlib import Path, PurePath
 
 ITEMS, DEPTH, SHOWN = 200, 6, 160  # items of a container or iterator described, nesting, characters shown
 MADE_BYTES = 64 << 10  # the pickles of the calls it makes, in all
@@ -85,13 +86,15 @@ NUMBERS = 64  # numbers a call's answer carries beside its digest, compared with
 FILES, FILE_BYTES = 100, 16 << 20  # entries of a call's folder described; bytes of a file digested
 STRING_IO, ORDERED = io.StringIO, collections.OrderedDict
 LIST_FOLDER, LSTAT, OPEN, READ, FSTAT, CLOSE = os.listdir, os.lstat, os.open, os.read, os.fstat, os.close
-MAKE_FOLDER, CHANGE_FOLDER, CURRENT_FOLDER, RANDOM_BYTES = os.mkdir, os.chdir, os.getcwd, os.urandom
+MAKE_FOLDER, MAKE_FOLDERS, CHANGE_FOLDER, CURRENT_FOLDER = os.mkdir, os.makedirs, os.chdir, os.getcwd
+RANDOM_BYTES = os.urandom
 REMOVE_TREE, IS_FOLDER, IS_FILE, IS_LINK = shutil.rmtree, stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
 READ_ONLY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # a link or a FIFO the call left is not followed or waited on
+WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 #: where each call's own folder is made: the replayer's run folder
 RUN_FOLDER = os.path.dirname(os.path.realpath(__file__))
 TYPE_MODULE, TYPE_QUALNAME = type.__dict__["__module__"].__get__, type.__dict__["__qualname__"].__get__
-MAPPING, SET = collections.abc.Mapping, collections.abc.Set
+MAPPING, SET, PURE_PATH = collections.abc.Mapping, collections.abc.Set, PurePath
 ESCAPED = {'"': '\\"', "\\": "\\\\"}
 
 
@@ -141,10 +144,11 @@ def main() -> None:
 
 
 def replay(call: str, seconds: float, within, refusals, out_of_time) -> list:
-    """[digest, first characters, numbers] of what came of one call, made with a fresh folder of its
-    own as its working directory (``describe``): what it returned or raised (``exception``), its
-    arguments as it left them, the warnings it gave, what it printed to stdout and to stderr, and what
-    it left in its folder (``folder_described``). The digest is of the description with its first
+    """[digest, first characters, numbers] of what came of one call (``describe``), made with a fresh
+    folder of its own as its working directory, holding what its test's temporary folder held
+    (``put_back``): what it returned or raised (``exception``), its arguments as it left them, the
+    warnings it gave, what it printed to stdout and to stderr, and what it left in its folder
+    (``folder_described``). The digest is of the description with its first
     ``NUMBERS`` numbers taken out (``encoded``), which go beside it, to be compared within a tolerance
     (``replay.alike``); the first characters show them."""
     before, numbers = len(refusals()), []
@@ -153,6 +157,7 @@ def replay(call: str, seconds: float, within, refusals, out_of_time) -> list:
         with within(seconds):
             module, qualname, kind, layout, arguments = LOADS(FROM_BASE64(call))
             MAKE_FOLDER(folder, 0o700)
+            put_back(folder, layout.get("folder") or {})
             CHANGE_FOLDER(folder)
             out, err, streams = Printed(), Printed(), (sys.stdout, sys.stderr)
             with CATCH_WARNINGS(record=True) as warned:
@@ -206,6 +211,23 @@ def leave(folder: str, back: str) -> None:
         except OSError:  # a call removed it
             continue
     REMOVE_TREE(folder, ignore_errors=True)
+
+
+def put_back(folder: str, files: dict) -> None:
+    """Write in the call's ``folder`` the files the test's temporary folder held as the call started
+    (``recorder.held``: relative name -> bytes); a name that would leave the folder is not written."""
+    for relative, data in files.items():
+        parts = relative.split("/")
+        if not relative or relative.startswith("/") or ".." in parts:
+            continue
+        if len(parts) > 1:
+            MAKE_FOLDERS(folder + "/" + "/".join(parts[:-1]), 0o700, exist_ok=True)
+        opened = OPEN(folder + "/" + relative, WRITE_NEW, 0o600)
+        try:
+            while data:
+                data = data[WRITE(opened, data) :]
+        finally:
+            CLOSE(opened)
 
 
 def folder_described(folder: str) -> list:
@@ -315,8 +337,8 @@ def describe(value, depth: int = 0):
     tuple, dict (an OrderedDict apart) or set, and any other ``collections.abc.Mapping`` or ``Set``,
     as the built-in value it equals, containers as they are (a set or a dict in sorted order; a
     sequence's items past ``ITEMS`` in a digest), an
-    iterator's first ``ITEMS`` items, another object as its type and attributes, ``__slots__``
-    included; no address, in a repr or in a text."""
+    iterator's first ``ITEMS`` items, a path as its text, another object as its type and attributes,
+    ``__slots__`` included; no address, in a repr or in a text."""
     kind = type(value)
     name = class_path(kind)
     if value is None or kind is bool:
@@ -357,6 +379,8 @@ def describe(value, depth: int = 0):
         return ["builtins.set", str(len(value)), sorted(items, key=encoded)]
     if isinstance(value, BaseException):
         return ["exception", *exception(value)]
+    if isinstance(value, PURE_PATH):  # as == compares paths: by their text, not the parts each caches once asked
+        return [name, PURE_PATH.__str__(value)]
     if isinstance(value, NAMED):
         return [name, getattr(value, "__module__", None), getattr(value, "__qualname__", value.__name__)]
     if hasattr(kind, "__next__"):

@@ -92,9 +92,14 @@ def left(line):
     os.chdir(line)
 
 
-def answer(function, line) -> list:
-    """What the replayer answers to ``function(line)``, made in this process."""
-    layout = {"positional": ["line"], "varargs": None, "keyword": [], "varkw": None}
+def read_back(line):
+    return "|".join(sorted(str(path) for path in Path(".").rglob("*"))) + ":" + Path(line).read_text()
+
+
+def answer(function, line, held: dict | None = None) -> list:
+    """What the replayer answers to ``function(line)``, made in this process, in a folder that holds
+    ``held`` (relative name -> bytes) as the call starts."""
+    layout = {"positional": ["line"], "varargs": None, "keyword": [], "varkw": None, "folder": held}
     call = base64.b64encode(pickle.dumps((__name__, function.__name__, "function", layout, {"line": line})))
     return replayer.replay(call.decode(), 5.0, lambda seconds: contextlib.nullcontext(), lambda: (), TimeoutError)
 
@@ -140,14 +145,19 @@ def test_stdout_and_stderr_are_answered_apart():
 
 
 def test_what_a_call_writes_in_its_folder_is_part_of_its_answer():
-    """Each call runs in a fresh empty folder of its own: what it writes there is described (name,
-    size, digest); a link out of it is not followed, a FIFO not waited on, a call that leaves for
-    another folder leaves this process where it was, and the folder is removed."""
+    """Each call runs in a fresh folder of its own, which holds what the test's tmp_path held (no
+    name leaves it): what the call writes there is described (name, size, digest); a link out of it
+    is not followed, a FIFO not waited on, a call that leaves for another folder leaves this process
+    where it was, and the folder is removed."""
     here = os.getcwd()
     assert otherwise(written, written_otherwise, "rent,12.5") and not otherwise(written, written, "rent,12.5")
     said = answer(left, "/")[1]
     assert '["fifo","other"],["link","link"]' in said, said
     assert os.getcwd() == here and not Path("out.csv").exists()
+    held = {"in/rent.txt": b"12.5", "../escaped": b"no", "/tmp/escaped": b"no"}  # only the first is put back
+    assert '"in|in/rent.txt:12.5"' in answer(read_back, "in/rent.txt", held)[1]
+    asked = Path("out.csv")  # a path is described as its text, whatever it has cached of itself
+    assert str(asked) and asked.parts and replayer.describe(asked) == replayer.describe(Path("out.csv"))
     assert not [name for name in os.listdir(replayer.RUN_FOLDER) if name.startswith("c") and len(name) == 17]
 
 
@@ -199,11 +209,16 @@ def save(entries, path):
     with open(path, "w") as out:
         for name, amount in entries:
             out.write(f"{name},{amount}\\n")
+
+
+def convert(source, target):
+    with open(source) as lines:
+        save([parse(line) for line in lines], target)
 """
 LEDGER_TESTS = f"""\
 import pytest
 
-from ledger.core import ParseError, mean, parse, report, save, total
+from ledger.core import ParseError, convert, mean, parse, report, save, total
 
 
 def test_parse():
@@ -229,14 +244,21 @@ def test_report(capsys):
 def test_save(tmp_path):
     save([("rent", 12.5)], tmp_path / "out.csv")
     assert (tmp_path / "out.csv").read_text() == "rent,12.5\\n"
+
+
+def test_convert(tmp_path):
+    (tmp_path / "in.txt").write_text("rent = 12.5\\nfood = 3\\n")
+    convert(tmp_path / "in.txt", tmp_path / "out.csv")
+    assert (tmp_path / "out.csv").read_text() == "rent,12.5\\nfood,3.0\\n"
 """
 #: real bugs the replay could not see: a wrong message, a library exception made its built-in base,
-#: a line printed to stdout that belongs on stderr, a file written wrong
+#: a line printed to stdout that belongs on stderr, a file written wrong, a file read wrong
 UNSEEN = {
     "message": ("raise ParseError(f\"no '=' in {line!r}\")", "raise ParseError(f\"no '=' in {line}\")"),
     "base": ("raise ParseError(", "raise ValueError("),
     "stream": ('print("no entries", file=sys.stderr)', 'print("no entries")'),
     "file": ('out.write(f"{name},{amount}\\n")', 'out.write(f"{name};{amount}\\n")'),
+    "read": ("for line in lines]", "for line in list(lines)[1:]]"),
 }
 #: bugs whose right fix is not their revert: ``math.fsum`` or ``statistics.fmean`` where the test uses approx
 FIXED_OTHERWISE = {
