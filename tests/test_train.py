@@ -480,6 +480,24 @@ def train_in(run, folder):
     train_generator(run.services, replace(run.plans.train, folder=folder, checkpoint_every=100, resume=False))
 
 
+def test_grpo_rollouts_end_at_the_generators_stop_string(probed_run, tmp_path):
+    """TRL's transformers generation stops each rollout at ``generator.sampling.stop``, as generate's
+    backends do. The reward log cannot show it (the scorer cuts every completion's text at the stop
+    string), so the test reads TRL's token counts: with the stop at the end of a countdown puzzle's
+    first line, every rollout ends within a few tokens. Rollouts that ran past the stop string would
+    reach the 24-token limit: without it, 7 of these 8 did (the numbers line runs on)."""
+    generator = probed_run.config.generator.model_dump(mode="json")
+    generator["sampling"]["stop"] = ["\n"]
+    run = with_config(probed_run, generator=generator)
+    folder = tmp_path / "stopped"
+    train_generator(run.services, replace(run.plans.train, folder=folder, checkpoint_every=100, resume=False))
+    steps = [entry for line in (folder / "log.jsonl").read_text().splitlines() if "loss" in (entry := json.loads(line))]
+    limit = run.config.train.max_completion_length
+    assert len(steps) == 2 and all(step["completions/max_length"] < limit / 2 for step in steps), steps
+    sampled = [c for line in (folder / COMPLETIONS).read_text().splitlines() for c in json.loads(line)["completions"]]
+    assert len(sampled) == 8 and not any(c["overflow"] for c in sampled), sampled
+
+
 #: the vLLM train test's learning rate, and the mean log-probability gap between engine and policy it
 #: allows at the second step: with the sync, 0.037 in a trial of this size; with the engine left on the
 #: base weights, 0.083 (and 0.099 a step later)
