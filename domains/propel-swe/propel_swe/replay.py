@@ -42,7 +42,7 @@ RECORDER = (Path(__file__).parent / "recorder.py").read_bytes()
 REPLAYER = (Path(__file__).parent / "replayer.py").read_bytes()
 #: calls recorded in all, per test, and their pickles' bytes in all
 MAX_CALLS, MAX_PER_TEST, MAX_BYTES = 60, 20, 64 << 10
-VARIANTS = 4  # calls the replayer makes of its own per recorded call (one argument moved)
+VARIANTS = 4  # calls the replayer makes of its own per recorded call (one argument moved, or passed by name)
 CALL_SECONDS = 5.0  # what one call may take in the replayer
 NOT_REPLAYED = f'["{replayer.NOT_REPLAYED}"'  # how an answer begins where the call could not be made
 UNANSWERED = (NOT_REPLAYED, TIMEOUT)  # the original code gave no answer: the call is not judged

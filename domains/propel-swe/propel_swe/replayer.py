@@ -25,10 +25,11 @@ with, per call, a digest of that description with its first ``NUMBERS`` numbers 
 characters, and those numbers' exact text, which the harness compares within a tolerance
 (``replay.alike``; numbers past them are in the digest, floats to twelve significant digits). With a
 seed, after each recorded call
-it makes ``variants`` calls of its own whose arguments differ from the recorded ones in one value (a
-number moved near or far, negated or zeroed; a string or a sequence shortened, turned round,
-lengthened or emptied) and answers them too, in the order it made them, and writes their pickles
-(with the recorded call each follows), so that the harness can make the same calls again elsewhere.
+it makes ``variants`` calls of its own that leave the recorded shape (one argument moved near or
+far, of another type, or inside a container or an object, in a copy; arguments passed by name) and,
+once a function, the recorded call after as many of the same as fit its time (``made_again``), and
+answers them too, in the order it made them, and writes their pickles (with the recorded call each
+follows), so that the harness can make the same calls again elsewhere.
 Everything it uses after the repository's code loads (unpickling, importing, encoding, hashing) is
 bound before, and the answer line is encoded by its own few lines, so that code which replaces a
 function of the standard library changes nothing here.
@@ -50,6 +51,7 @@ __builtins__ = dict(vars(__import__("builtins")))
 import binascii
 import collections
 import collections.abc
+import copy
 import hashlib
 import importlib
 import io
@@ -61,6 +63,7 @@ import re
 import shutil
 import stat
 import sys
+import time
 import types
 import warnings
 from itertools import islice
@@ -116,7 +119,7 @@ def main() -> None:
     guard.as_a_user(os.path.dirname(os.path.realpath(__file__)), None, hashing, orders.get("argv"))
     del guard
     answers, made, size, late = [], [], 0, False
-    rng = random.Random(seed)
+    rng, repeated, repeating = random.Random(seed), set(), REPEAT_SECONDS
     for index, call in enumerate(calls):
         if late and orders.get("stop_when_late"):  # one call past its time: the rest is not reached
             answers.append([SHA(NOT_REACHED.encode()).hexdigest(), NOT_REACHED, []])
@@ -126,15 +129,36 @@ def main() -> None:
         if seed is None or late:  # no calls of its own once one has run out of time: what it costs is bounded
             continue
         try:
-            moved_calls = variants(call, rng, orders.get("variants", 2))
-        except Exception:  # the recorded call does not load: nothing to move
-            moved_calls = []
-        for variant, shown in moved_calls:
+            with within(orders["time_limit"]):
+                recorded = LOADS(FROM_BASE64(call))
+                moved_calls = variants(recorded, rng, orders.get("variants", 2))
+        except Exception:  # the recorded call does not load, or moving it ran past its time
+            recorded, moved_calls = None, []
+        for variant, shown in [*moved_calls, (None, None)]:
+            if variant is None:  # then, once a function, the recorded call after as many of the same as fit
+                if recorded is None or recorded[:2] in repeated or repeating <= 0:
+                    break
+                repeated.add(recorded[:2])
+                try:
+                    with within(orders["time_limit"]):
+                        variant, _ = made_again(recorded, MANY, CLOCK() + min(repeating, REPEAT_SECONDS_A_CALL))
+                except Exception:
+                    break
             size += len(variant)
             if size > MADE_BYTES:
                 break
-            made.append([variant, shown, str(index)])
+            started = CLOCK()
+            REPEATS.clear()
             answers.append(replay(variant, orders["time_limit"], within, refusals, out_of_time))
+            if shown is None:  # the call kept says how many were made: every later replay makes as many
+                repeating -= CLOCK() - started
+                try:
+                    with within(orders["time_limit"]):
+                        variant, shown = made_again(recorded, REPEATS[-1] if REPEATS else 0)
+                except Exception:  # it cannot be pickled again: it is not kept
+                    answers.pop()
+                    break
+            made.append([variant, shown, str(index)])
             if answers[-1][1] == TIMEOUT:
                 late = True
                 break
@@ -296,6 +320,18 @@ def call_as_a_user(module: str, qualname: str, kind: str, layout: dict, argument
     if layout["varkw"]:
         keywords.update(arguments.get(layout["varkw"], {}))
     found = getattr(owner, name)
+    # a call made after as many of the same first (``made_again``), each with its arguments loaded
+    # afresh, or as many as fit before ``calls_until``: how many were made is kept in ``REPEATS``
+    before, until, repeats = layout.get("calls_before", 0), layout.get("calls_until"), 0
+    pickled = DUMPS(arguments, protocol=4) if before else b""
+    while repeats < before and (until is None or CLOCK() < until):
+        repeats += 1
+        try:  # noqa: SIM105 (contextlib, a module the code under test can change, is not used here)
+            call_as_a_user(module, qualname, kind, {**layout, "calls_before": 0}, LOADS(pickled))
+        except Exception:  # only the last call's answer is judged
+            pass
+    if before:
+        REPEATS.append(repeats)
     if kind == "property":
         return found.__get__(positional[0], type(positional[0]))
     if kind == "setter":
@@ -451,44 +487,213 @@ def _escaped(char: str) -> str:
     return f"\\u{0xD800 + (point >> 10):04x}\\u{0xDC00 + (point & 0x3FF):04x}"
 
 
-def variants(call: str, rng: random.Random, count: int) -> list[tuple[str, str]]:
-    """Up to ``count`` calls like ``call`` with one argument moved (``moved``), pickled, each with what
-    was moved as a person reads it; never ``self`` or ``cls``."""
-    module, qualname, kind, layout, arguments = LOADS(FROM_BASE64(call))
+def variants(recorded: tuple, rng: random.Random, count: int) -> list[tuple[str, str]]:
+    """Up to ``count`` calls like the ``recorded`` one (module, qualified name, kind, layout,
+    arguments) that leave its shape, pickled, each with what was moved as a person reads it: one
+    argument moved (``moved``: a value near or far, of another type, or inside a container or an
+    object), or the arguments that may be passed by name passed by name (``by_name``), each way in
+    turn from a drawn start, and half the moved calls by name too; never ``self`` or ``cls``."""
+    module, qualname, kind, layout, arguments = recorded
     skipped = 1 if kind in ("method", "classmethod", "property", "setter") else 0  # self or cls stays
-    names = [name for name in list(arguments)[skipped:] if moved(arguments[name], rng) is not None]
-    made = []
-    for _ in range(count if names else 0):
-        name = rng.choice(names)
-        changed = {**arguments, name: moved(arguments[name], rng)}
+    names = list(arguments)[skipped:]
+    first, made = rng.randrange(len(WAYS)), []
+    for turn in range(count):
+        way = WAYS[(first + turn) % len(WAYS)]
         try:
-            data = DUMPS((module, qualname, kind, layout, changed), protocol=4)
-        except Exception:
+            named = by_name(kind, layout, arguments, skipped, rng)
+            if way == "by name" and named is not None:
+                changed, shown = arguments, []
+            else:  # one argument moved this way, or any way where none can be
+                movable = [(name, new) for name in names if (new := moved(arguments[name], rng, way)) is not None]
+                movable = movable or [
+                    (name, new) for name in names if (new := moved_somehow(arguments[name], rng)) is not None
+                ]
+                if not movable:
+                    continue
+                name, new = rng.choice(movable)
+                changed, shown = {**arguments, name: new}, [f"{name}={shown_briefly(new)}"]
+                named = named if rng.random() < 0.5 else None
+            if named is not None:
+                shown.append(", ".join(name for name in named["keyword"] if name in arguments) + " by name")
+            data = DUMPS((module, qualname, kind, named or layout, changed), protocol=4)
+        except Exception:  # a value that cannot be moved, compared, shown or pickled: this call is not made
             continue
-        made.append((TO_BASE64(data, newline=False).decode(), f"{name}={changed[name]!r:.60}"))
+        made.append((TO_BASE64(data, newline=False).decode(), "; ".join(shown)))
     return made
 
 
-def moved(value, rng: random.Random):
-    """A value of ``value``'s type, near it or far from it and not equal to it, or None where there
-    is none to make."""
+WAYS = ("near", "other type", "inside", "by name")
+MOVES = WAYS[:3]
+MANY = 1000  # calls of the same made before one is answered again, at most
+#: what making them may take: for one recorded call, and for all of a replay (``main``); the replay
+#: of a change makes exactly as many, each within the call's time limit
+REPEAT_SECONDS_A_CALL, REPEAT_SECONDS = 0.5, 2.0
+CLOCK, COPY = time.perf_counter, copy.copy
+REPEATS: list[int] = []  # how many calls of the same ``call_as_a_user`` made before the last one
+MOVE_DEPTH = 6  # how deep in containers and objects a value is moved
+#: containers whose own ``copy`` keeps their type and contents (a defaultdict its factory)
+COPIED = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
+
+
+def made_again(recorded: tuple, times: int, until: float | None = None) -> tuple[str, str]:
+    """The ``recorded`` call, pickled to be made after ``times`` calls of the same in its process
+    (``call_as_a_user``: ``calls_before``; with ``until``, no more than fit before that ``CLOCK``
+    time), as a person reads it."""
+    module, qualname, kind, layout, arguments = recorded
+    layout = {**layout, "calls_before": times, **({"calls_until": until} if until is not None else {})}
+    data = DUMPS((module, qualname, kind, layout, arguments), protocol=4)
+    return TO_BASE64(data, newline=False).decode(), f"after {times} calls of the same"
+
+
+def by_name(kind: str, layout: dict, arguments: dict, skipped: int, rng: random.Random) -> dict | None:
+    """``layout`` with the positional parameters from a drawn one on passed by name (``call_as_a_user``
+    passes its ``keyword`` ones by name); None where none may be: a property, a call with ``*args``."""
+    if kind in ("property", "setter") or (layout["varargs"] and arguments.get(layout["varargs"])):
+        return None
+    positional = layout["positional"]
+    upto = next((at for at, name in enumerate(positional) if name not in arguments), len(positional))
+    if upto <= skipped:
+        return None
+    cut = rng.randrange(skipped, upto)
+    return {**layout, "positional": positional[:cut], "keyword": positional[cut:] + layout["keyword"]}
+
+
+def moved_somehow(value, rng: random.Random, depth: int = 0):
+    """``value`` moved in the first of the ways, in a drawn order, that can move it (``moved``)."""
+    for way in rng.sample(MOVES, len(MOVES)):
+        new = moved(value, rng, way, depth)
+        if new is not None:
+            return new
+    return None
+
+
+def moved(value, rng: random.Random, way: str = "near", depth: int = 0):
+    """``value`` moved one ``way`` (``moving``), or None where it cannot be, or where moving it raised
+    (a copy, a comparison or an attribute that the value's own code makes raise)."""
+    try:
+        return moving(value, rng, way, depth)
+    except Exception:
+        return None
+
+
+def moving(value, rng: random.Random, way: str, depth: int):
+    """``value`` moved one ``way``, or None where it cannot be: ``near`` (a number moved by one or two,
+    doubled, negated, zeroed, moved by a thousand or divided by three; a text or a sequence shortened,
+    turned round, lengthened, emptied or doubled; a dict's key or a set's item taken out or added),
+    ``other type`` (an int as the float it equals or one near it, or as the bool it equals; a float as
+    an int; a bool as an int; a list as a tuple and back; ASCII text as bytes and back; a set as a
+    frozenset and back), or ``inside`` (one item of a list or tuple, one value of a dict or one
+    attribute of an object moved, in a copy, any way, as deep as ``MOVE_DEPTH``)."""
     kind = type(value)
+    if depth > MOVE_DEPTH:
+        return None
     if kind is bool:
-        return not value
+        return (not value) if way == "near" else int(value) if way == "other type" else None
     if kind in (int, float):
-        way = rng.randrange(6)
-        near = (value + rng.choice((-2, -1, 1, 2)), value * 2, -value, value * 0, value + 1000, value // 3)[way]
-        near = kind(near)
+        if way == "other type":
+            if kind is float:
+                return int(value) if value == value and abs(value) != float("inf") else None
+            return rng.choice([float(value), value + 0.5] + ([bool(value)] if value in (0, 1) else []))
+        if way != "near":
+            return None
+        at = rng.randrange(6)
+        near = kind((value + rng.choice((-2, -1, 1, 2)), value * 2, -value, value * 0, value + 1000, value // 3)[at])
         return near if near != value else value + kind(1)
-    if kind in (str, bytes, list, tuple):
+    if kind in (str, bytes) and way == "other type":
+        return (value.encode() if kind is str else value.decode()) if value.isascii() else None
+    if kind in (list, tuple) and way == "other type":
+        return (tuple if kind is list else list)(value)
+    if kind in (list, tuple) and way == "inside":
+        if not value:
+            return None
+        at = rng.randrange(len(value))
+        item = moved_somehow(value[at], rng, depth + 1)
+        return None if item is None else kind([*value[:at], item, *value[at + 1 :]])
+    if kind in (str, bytes, list, tuple) and way == "near":
         if not value:
             return kind("0") if kind is str else kind(b"0") if kind is bytes else kind([0])
-        way = rng.randrange(5)
-        near = (value[:-1], value[::-1], value + value[:1], value[:0], value + value)[way]
-        return near if near != value else value[:-1]
+        near = (value[:-1], value[::-1], value + value[:1], value[:0], value + value)[rng.randrange(5)]
+        return near if len(near) != len(value) or near != value else value[:-1]
     if kind is range:
-        return range(value.start, value.stop + rng.choice((-1, 1, 50)), value.step)
+        return range(value.start, value.stop + rng.choice((-1, 1, 50)), value.step) if way == "near" else None
+    if kind in (set, frozenset):
+        if way == "other type":
+            return (frozenset if kind is set else set)(value)
+        return moved_set(value, rng) if way == "near" else None
+    if kind in COPIED:
+        return moved_mapping(value, rng, way, depth)
+    if way == "inside" and kind.__module__ != "builtins":
+        return moved_attribute(value, rng, depth)
     return None
+
+
+def moved_set(value, rng: random.Random):
+    """A copy of the set ``value`` with one item taken out, or one added near another."""
+    items = list(islice(value, ITEMS))
+    if items and rng.random() < 0.5:
+        return type(value)(set(value) - {rng.choice(items)})
+    added = absent(items, value, rng)
+    return None if added is None else type(value)(set(value) | {added})
+
+
+def absent(items: list, value, rng: random.Random):
+    """A key or an item not in ``value``: one of ``items`` moved near (a few tries), 0 where there are none."""
+    if not items:
+        return 0
+    for _ in range(4):
+        added = moved(rng.choice(items), rng)
+        if added is not None and added not in value:
+            return added
+    return None
+
+
+def moved_mapping(value, rng: random.Random, way: str, depth: int):
+    """A copy of the dict ``value`` (of its own type) with one value moved (``inside``, any way), or
+    one key taken out or one added near another, holding another's value (``near``)."""
+    if way not in ("near", "inside") or not value:
+        return None
+    keys = list(islice(value, ITEMS))
+    key = keys[rng.randrange(len(keys))]
+    copied = value.copy()
+    if way == "inside":
+        item = moved_somehow(value[key], rng, depth + 1)
+        if item is None:
+            return None
+        copied[key] = item
+    elif rng.random() < 0.5:
+        del copied[key]
+    else:
+        added = absent(keys, value, rng)
+        if added is None:
+            return None
+        copied[added] = value[key]
+    return copied
+
+
+def moved_attribute(value, rng: random.Random, depth: int):
+    """A copy of the object ``value`` (never the recorded one) with one of its attributes moved, any
+    way; None for what holds no attributes of its own (a function, a class, a module)."""
+    if isinstance(value, NAMED):
+        return None
+    state = object.__getattribute__(value, "__dict__")
+    if type(state) is not dict or not state:
+        return None
+    names = [name for name in islice(state, ITEMS) if type(name) is str]
+    name = names[rng.randrange(len(names))] if names else None
+    item = moved_somehow(state[name], rng, depth + 1) if name is not None else None
+    if item is None:
+        return None
+    copied = COPY(value)
+    copied_state = object.__getattribute__(copied, "__dict__")
+    if copied is value or copied_state is state or type(copied_state) is not dict:
+        return None
+    copied_state[name] = item
+    return copied
+
+
+def shown_briefly(value) -> str:
+    """``value``'s repr, its first characters, as a reason shows a moved argument."""
+    return format(repr(value), ".60")
 
 
 if __name__ == "__main__":
