@@ -20,11 +20,14 @@ every assistant turn and every tool result.
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 import time
 from collections.abc import Callable
 from typing import Any
 
+from propel_core.errors import PropelError
+from propel_plugins.sandbox import OUT_DIR
 from propel_swe.verifier import own_seconds
 
 BUG_WRITER_TOOLS = ("bash", "submit")
@@ -179,6 +182,14 @@ def _edit(ws, body: str) -> str:
 
 
 def final_diff(ws) -> str:
-    """Everything the episode changed in the checkout, new files included, as a git diff."""
-    result = ws.run(DIFF_COMMAND)
-    return result.stdout if result.status in ("ok", "error") else ""
+    """Everything the episode changed in the checkout, new files included, as a git diff; bytes that
+    are no UTF-8 (a line of a Latin-1 file) as lone surrogates, which ``apply_diffs`` writes back as
+    those bytes."""
+    out = f"{OUT_DIR}/final-{secrets.token_hex(8)}.diff"
+    result = ws.run(f"mkdir -p {OUT_DIR}; {DIFF_COMMAND} > {out}")
+    if result.status not in ("ok", "error"):
+        return ""
+    try:
+        return ws.read(out).decode("utf-8", "surrogateescape")
+    except (OSError, PropelError):  # the episode's commands left no diff to read
+        return ""

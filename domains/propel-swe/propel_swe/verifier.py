@@ -296,12 +296,19 @@ class Check(BaseModel):
 
 
 def apply_diffs(ws, diffs: list[str]) -> str | None:
-    """Apply each diff in order with ``git apply --recount`` (exact context, no fuzz); the reason
-    the first that does not apply fails, or None."""
+    """Apply each diff in order with ``git apply`` (exact context, no fuzz), as its hunks count their
+    lines or, where a hand-edited diff miscounts them, with ``--recount`` (which, counting to the next
+    hunk, would read a plain ``diff -u``'s next ``--- a/`` header as a removed line); the reason the
+    first that does not apply fails, or None. A diff's bytes that are no UTF-8 (a Latin-1 file's line)
+    come as the lone surrogates ``final_diff`` read them into, and go back as those bytes."""
     for number, diff in enumerate(diffs):
         name = f"{OUT_DIR}/change{number}.diff"
-        ws.write(name, diff.encode() if diff.endswith("\n") else (diff + "\n").encode())
-        applied = ws.run(f"git apply --recount {shlex.quote(name)}")
+        try:
+            data = (diff if diff.endswith("\n") else diff + "\n").encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a surrogate no file's bytes read into: no diff of a file holds it
+            return "does not apply: the diff holds characters no file's bytes read as (lone surrogates)"
+        ws.write(name, data)
+        applied = ws.run(f"git apply {shlex.quote(name)} || git apply --recount {shlex.quote(name)}")
         if applied.returncode != 0:
             return f"does not apply: {(applied.stderr.strip().splitlines() or ['git apply failed'])[-1][:300]}"
     return None
@@ -319,7 +326,7 @@ def verify_bug(
     sources: dict[str, str] | None = None,
     keep_unjudged: bool = True,
 ) -> Check:
-    """W(x) for a bug, on a fresh clean checkout: it applies (``git apply --recount``, no fuzz); it
+    """W(x) for a bug, on a fresh clean checkout: it applies (``apply_diffs``, no fuzz); it
     only modifies source files the suite imports (``diffs``) and passes the static screen
     (``screen``; ``sources``: the clean checkout's code, path -> source); the suite, run with our
     report plugin, leaves tests, their configuration and code untouched, collects exactly the
