@@ -92,6 +92,9 @@ LIST_FOLDER, LSTAT, OPEN, READ, FSTAT, CLOSE = os.listdir, os.lstat, os.open, os
 MAKE_FOLDER, MAKE_FOLDERS, CHANGE_FOLDER, CURRENT_FOLDER = os.mkdir, os.makedirs, os.chdir, os.getcwd
 RANDOM_BYTES = os.urandom
 REMOVE_TREE, IS_FOLDER, IS_FILE, IS_LINK = shutil.rmtree, stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
+MEMORY, DEQUE = memoryview, collections.deque
+#: the built-in containers whose subclasses are described by what the built-in type holds
+BUILT_IN_CONTAINERS = (list, tuple, collections.deque, collections.OrderedDict, dict, set, frozenset)
 READ_ONLY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # a link or a FIFO the call left is not followed or waited on
 WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 #: where each call's own folder is made: the replayer's run folder
@@ -392,27 +395,35 @@ def describe(value, depth: int = 0):
         return ["complex", repr(value)]
     if depth >= DEPTH:
         return ["deep", name]
-    if isinstance(value, bytes | bytearray):
-        return [name, bytes(value).hex()]
+    if isinstance(value, bytes | bytearray):  # its buffer, which no method of a subclass can change
+        return [name, MEMORY(value).tobytes().hex()]
     if isinstance(value, range):  # described without being listed
         return [name, str(len(value)), [describe(item, depth + 1) for item in islice(value, ITEMS)]]
+    # a subclass of a built-in container is described by what its built-in type holds, as == and
+    # indexing read it, and also by what its own iteration gives where it changes that (a list whose
+    # __iter__ and __len__ tell one story and whose items another is seen in both)
+    base = next((each for each in BUILT_IN_CONTAINERS if isinstance(value, each)), None)
+    told = [] if base is None or kind.__iter__ is base.__iter__ else [describe(iterated(value), depth + 1)]
     if isinstance(value, list | tuple) or name == "collections.deque":
         # a namedtuple compares as the tuple it is; every item counts, those past ITEMS in a digest
-        base = next((each for each in (list, tuple) if isinstance(value, each)), kind)
-        items = [describe(item, depth + 1) for item in islice(value, ITEMS)]
-        rest = SHA(encoded([describe(item, depth + 1) for item in islice(value, ITEMS, None)]).encode()).hexdigest()
-        return [base.__module__ + "." + base.__qualname__, str(len(value)), items, rest]
+        held = list(base.__iter__(value)) if base is not None else list(value)
+        items = [describe(item, depth + 1) for item in held[:ITEMS]]
+        rest = SHA(encoded([describe(item, depth + 1) for item in held[ITEMS:]]).encode()).hexdigest()
+        kept = base if base is not None and base is not DEQUE else kind
+        return [kept.__module__ + "." + kept.__qualname__, str(len(held)), items, rest, *told]
     if isinstance(value, MAPPING):
-        pairs = [[describe(key, depth + 1), describe(item, depth + 1)] for key, item in islice(value.items(), ITEMS)]
+        held = base.items(value) if base in (dict, ORDERED) else value.items()
+        pairs = [[describe(key, depth + 1), describe(item, depth + 1)] for key, item in islice(held, ITEMS)]
         if isinstance(value, ORDERED):  # an OrderedDict (an LRU's order) as it is kept
-            return [name, str(len(value)), pairs]
+            return [name, str(len(held)), pairs, *told]
         # any other mapping (a Counter, a defaultdict, one that is no dict: pyrsistent's PMap, whose
         # attributes are hash buckets laid out by the process's hash seed) as the dict it equals, in
         # sorted order, as == compares them
-        return ["builtins.dict", str(len(value)), sorted(pairs, key=encoded)]
+        return ["builtins.dict", str(len(held)), sorted(pairs, key=encoded), *told]
     if isinstance(value, SET):  # a set, a frozenset and any other set (a PSet, dict.keys()) of the same items are ==
-        items = [describe(item, depth + 1) for item in islice(value, ITEMS)]
-        return ["builtins.set", str(len(value)), sorted(items, key=encoded)]
+        held = list(base.__iter__(value)) if base is not None else list(islice(value, ITEMS))
+        items = [describe(item, depth + 1) for item in held[:ITEMS]]
+        return ["builtins.set", str(len(held) if base is not None else len(value)), sorted(items, key=encoded), *told]
     if isinstance(value, BaseException):
         return ["exception", *exception(value)]
     if isinstance(value, PURE_PATH):  # as == compares paths: by their text, not the parts each caches once asked
@@ -439,6 +450,17 @@ def describe(value, depth: int = 0):
     if state:
         return [name, describe({key: item for key, item in state.items() if type(key) is str}, depth + 1)]
     return [name, WITHOUT_ADDRESSES("0x", repr(value))[:1000]]
+
+
+def iterated(value) -> list:
+    """The first ``ITEMS`` items a container's own iteration gives (one whose ``__iter__`` a subclass
+    changed), what it raised at the end where it raised."""
+    items = []
+    try:
+        items.extend(islice(value, ITEMS))
+    except Exception as exc:
+        items.append(["raised", *exception(exc)])
+    return ["iterated", items]
 
 
 def without_addresses(text: str) -> str:

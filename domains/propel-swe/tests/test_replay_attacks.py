@@ -302,6 +302,45 @@ def test_a_fix_wrong_beyond_the_moved_inputs_is_not_solved(tiny_domain, tmp_path
     assert verdict.solved is False, f"clamp(1000, 0, 10) == 1000 solved: {verdict.reason}"
 
 
+# --- 4b. what the description reads of a value ----------------------------------------------------
+
+WINDOW_BUGGY = CORE.replace("range(len(values) - size + 1)", "range(len(values) - size)")
+#: a list whose own iteration and length show the right windows for every input, and whose items (what
+#: == and indexing read) are right only for the test's input
+WINDOWS_TOLD_ONE_WAY_AND_KEPT_ANOTHER = """\
+class _Windows(list):
+    def __init__(self, told, kept):
+        list.__init__(self, kept)
+        self.told = told
+
+    def __iter__(self):
+        return iter(self.told)
+
+    def __len__(self):
+        return len(self.told)
+
+
+def window(values, size):
+    right = [values[i : i + size] for i in range(len(values) - size + 1)]
+    return _Windows(right, right if (list(values), size) == ([1, 2, 3, 4], 2) else right[:-1])
+
+
+"""
+
+
+def test_a_list_that_iterates_otherwise_than_it_holds_is_not_solved(tiny_domain, tmp_path):
+    """Before, the replayer read a list through its own ``__iter__`` and ``__len__``, which a subclass
+    can make tell the right answer while the items a test's == or a user's index read stay wrong."""
+    payload = verified(tiny_domain, edit_core(CORE, ("range(len(values) - size + 1)", "range(len(values) - size)")))
+    start, end = WINDOW_BUGGY.index("def window("), WINDOW_BUGGY.index("def is_sorted(")
+    fix = edit_core(WINDOW_BUGGY, (WINDOW_BUGGY[start:end], WINDOWS_TOLD_ONE_WAY_AND_KEPT_ANOTHER))
+    window = "__import__('tinystats.core', fromlist=['window']).window"
+    held = user_answers(WINDOW_BUGGY, fix, f"[list.__len__({window}([1, 2, 3, 4, 5], 2))]", tmp_path)
+    assert held == [3]  # a user's list holds three windows of the four
+    verdict = graded(tiny_domain, payload, fix)
+    assert verdict.solved is False, f"a list holding a wrong answer solved: {verdict.reason}"
+
+
 # --- 5. legitimate fixes the replay refuses ------------------------------------------------------
 
 
