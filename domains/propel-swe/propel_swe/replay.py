@@ -5,12 +5,13 @@ for the channel that carries it (docs/swe.md, "What remains"). The replay takes 
 that process. When a bug is verified, the calls its failing tests make into the repository are
 recorded on the clean checkout (``recorder``), and each is made again by the original code, twice,
 in fresh processes (``replayer``); the first time, the replayer also makes calls of its own, each
-recorded call with one argument moved. What the original code answers (a digest of the value
-returned or the exception raised, the arguments as the call left them, what it printed and the files
-it wrote, and the numbers in it apart, compared within a tolerance: ``alike``) is kept in the task,
-for the calls that answered the same both times (``Replay``). A bug must change the answer to at
-least one of them (where every call was recorded); a fix must give the original's answer to every
-one.
+recorded call out of the shape the tests called it in (an argument moved, of another type or moved
+inside; arguments passed by name; the call made again after many of the same). What the original
+code answers (a digest of the value returned or the exception raised, the arguments as the call
+left them, what it printed and the files it wrote, and the numbers in it apart, compared within a
+tolerance: ``alike``) is kept in the task, for the calls that answered the same both times
+(``Replay``). A bug must change the answer to at least one of them (where every call was recorded);
+a fix must give the original's answer to every one.
 
 The process that replays a change holds the calls but not the answers, and writes only its own
 descriptions: whatever it forges there, it can only claim an answer, and an answer is judged by
