@@ -296,6 +296,14 @@ def _duration(seconds: float) -> str:
     return f" ({hours / 24:.1f} days)" if hours >= 48 else f" ({hours:.1f} h)" if hours >= 1 else ""
 
 
+#: what no rate counts: a stage's start (Python, torch, the plugins) and its model loads; measured on
+#: small/arithmetic, whose work the rates put at 1.0 minutes and whose run took 3.9 (docs/domains.md)
+NOT_COUNTED = (
+    "not counted: starting each stage and loading its models, tens of seconds a stage on this CPU, which is "
+    "most of a small config's time (small/arithmetic: 1.0 minutes estimated, 3.9 measured at load 3-6)"
+)
+
+
 def estimate_lines(found: Estimate) -> list[str]:
     """The estimate as ``propel config`` prints it: a table of the stages and their total, the
     follow-ups, the notes and the rates with their sources."""
@@ -307,6 +315,7 @@ def estimate_lines(found: Estimate) -> list[str]:
         _row("stage", list(COUNTS), "minutes"),
         *(_stage_row(stage, _minutes(stage.seconds)) for stage in found.stages),
         _stage_row(total, known) + _duration(total.seconds),
+        f"  {NOT_COUNTED}",
         "  follow-ups, each run on its own on a finished run:",
         *(_stage_row(stage, _minutes(stage.seconds)) for stage in found.follow_ups),
     ]

@@ -117,6 +117,8 @@ def test_propel_config_prints_the_estimate_after_the_config(propel_cli, tmp_path
     assert table["label"][:4] == ["0", "8,192", "0", "131,072"]
     assert table["evaluate"][:2] == ["512", "8,192"] and table["total"][1] == "16,896"
     assert any(line.startswith("  - rollout: ") and "train_busy.py" in line for line in lines)
+    # a new user's trial (issue 60) read 1.0 minutes for small/arithmetic and waited 7.7: the start-up is named
+    assert lines[start + 10].startswith("  not counted: starting each stage and loading its models")
 
 
 def test_rounds_count_each_round_and_the_generator_trainings_its_setting_asks_for():
