@@ -13,9 +13,7 @@ import click
 
 from propel_core.errors import FILE_ERRNOS, PropelError, file_error
 
-#: the configs shipped with propel, which a command finds by name (``propel run small/countdown``)
-BUILT_IN_CONFIGS = files("propel_core") / "configs"
-DEMO_CONFIG = BUILT_IN_CONFIGS / "demo.yaml"
+DEMO_CONFIG = files("propel_core") / "configs" / "demo.yaml"
 #: the figure the demo's built-in config gave when it was measured: the one place it is kept, which
 #: the README and docs/experiment.md quote (tests/test_docs.py holds them to it)
 DEMO_FIGURE = files("propel_core") / "configs" / "demo_figure.json"
@@ -170,31 +168,17 @@ def _run_demo_stages(run, names) -> None:
         report(run)
 
 
-def built_in_configs() -> dict[str, Path]:
-    """The shipped configs by the name a command finds them by: ``demo``, ``small/countdown``, ..."""
-    folder = Path(str(BUILT_IN_CONFIGS))
-    return {path.relative_to(folder).with_suffix("").as_posix(): path for path in sorted(folder.rglob("*.yaml"))}
-
-
 def split_arguments(arguments: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """CONFIG files and key=value OVERRIDES, in the order given; at least one file, each one there.
-    A CONFIG that is no file but names a built-in config (:func:`built_in_configs`) is that file."""
+    A CONFIG that is no file but names a built-in config (``small/countdown``) is that file."""
+    from propel_core.plans import config_file
+
     is_config = [Path(argument).is_file() or "=" not in argument for argument in arguments]
     configs = [argument for argument, config in zip(arguments, is_config, strict=True) if config]
     overrides = [argument for argument, config in zip(arguments, is_config, strict=True) if not config]
     if not configs:
         raise PropelError("name a config file (CONFIG [CONFIG ...] [key=value ...])")
-    built_in = built_in_configs()
-    found = []
-    for config in configs:
-        if Path(config).is_file():
-            found.append(config)
-        elif config in built_in:
-            found.append(str(built_in[config]))
-        else:
-            names = ", ".join(built_in)
-            raise PropelError(f"config file {config} does not exist, nor is it a built-in config: {names}")
-    return found, overrides
+    return [str(config_file(config)) for config in configs], overrides
 
 
 ARGUMENTS_HELP = "Reads the CONFIG files, merged in order (later ones win), then the key=value OVERRIDES."

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import zlib
 from dataclasses import dataclass, replace
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,9 @@ from propel_core.plugins import Registry
 if TYPE_CHECKING:
     from propel_core.contracts import ContextSampler
     from propel_core.services import Services
+
+#: the configs shipped with propel, found by name (``propel run small/countdown``, ``load_config("demo")``)
+BUILT_IN_CONFIGS = files("propel_core") / "configs"
 
 log = logging.getLogger("propel")
 
@@ -406,11 +410,29 @@ def plans_of(config: PropelConfig) -> Plans:
     )
 
 
+def built_in_configs() -> dict[str, Path]:
+    """The shipped configs by the name a command finds them by: ``demo``, ``small/countdown``, ..."""
+    folder = Path(str(BUILT_IN_CONFIGS))
+    return {path.relative_to(folder).with_suffix("").as_posix(): path for path in sorted(folder.rglob("*.yaml"))}
+
+
+def config_file(config: str | Path) -> Path:
+    """The file ``config`` names: itself where it is a file, else the built-in config of that name
+    (:func:`built_in_configs`); ConfigError, listing the built-in names, where it is neither."""
+    built_in = built_in_configs()
+    if Path(config).is_file():
+        return Path(config)
+    if str(config) in built_in:
+        return built_in[str(config)]
+    raise ConfigError(f"config file {config} does not exist, nor is it a built-in config: {', '.join(built_in)}")
+
+
 def load_config(
     paths: list[str | Path] | str | Path, overrides: list[str] = (), registry: Registry | None = None
 ) -> PropelConfig:
     """Merge YAML files and dotlist overrides, validate, check component names and build the plans.
 
+    A path that is no file but names a built-in config (``small/arithmetic``) is that config's file.
     ``registry`` defaults to one built from the installed plugins.
     """
     import yaml
@@ -422,9 +444,7 @@ def load_config(
     try:
         layers = []
         for path in paths:
-            if not Path(path).is_file():
-                raise ConfigError(f"config file not found: {path}")
-            layers.append(OmegaConf.load(path))
+            layers.append(OmegaConf.load(config_file(path)))
         for override in overrides:
             if readable(override) != override:  # YAML text is Unicode; an undecodable file name is not
                 raise ConfigError(f"override {readable(override)} is not valid UTF-8 (a file name's bytes?)")

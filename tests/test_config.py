@@ -134,8 +134,22 @@ def test_unknown_pooler_in_list(propel_registry):
 
 
 def test_missing_file(propel_registry):
-    with pytest.raises(ConfigError, match=r"config file not found: nope\.yaml"):
+    with pytest.raises(
+        ConfigError, match=r"config file nope\.yaml does not exist, nor is it a built-in config: demo, "
+    ):
         load_config("nope.yaml", [], propel_registry)
+
+
+def test_a_built_in_config_is_read_by_its_name_from_any_folder(propel_registry, tmp_path, monkeypatch):
+    """``load_config("small/arithmetic")`` reads the shipped file, as ``propel run small/arithmetic``
+    does, so a script outside the checkout names it as the command line would."""
+    monkeypatch.chdir(tmp_path)
+    config = load_config("small/arithmetic", ["generate.num_tasks=4"], propel_registry)
+    assert (config.domain.name, config.run_dir.as_posix(), config.generate.num_tasks) == (
+        "arithmetic",
+        "runs/small-arithmetic",
+        4,
+    )
 
 
 @pytest.mark.parametrize(

@@ -44,8 +44,8 @@ def test_generate_with_third_party_domain(example_plugin, propel_cli, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_tiny_config_runs_every_stage_and_repeats_from_its_seed(propel_cli, tmp_path):
-    """tests/example_plugin/tiny.yaml, the tutorial's ready config, through `propel run` on the embedded
+def test_the_small_arithmetic_config_runs_every_stage_and_repeats_from_its_seed(propel_cli, tmp_path):
+    """small/arithmetic, the tutorial's ready config, through `propel run` on the embedded
     model: every stage writes its output. Run again from the same seed, killed (SIGKILL) while it labels
     and rerun to the end, it writes the same bytes in every file, but for the seconds TRL logs."""
     import shutil
@@ -56,9 +56,8 @@ def test_the_tiny_config_runs_every_stage_and_repeats_from_its_seed(propel_cli, 
     from propel_core.stages import STAGES
     from propel_core.testing import digests, kill_when_written
 
-    tiny = Path(__file__).parent / "example_plugin" / "tiny.yaml"
     run = tmp_path / "run"  # both runs write here: the config they record names their run_dir
-    result = propel_cli("-q", "run", str(tiny), f"run_dir={run}")
+    result = propel_cli("-q", "run", "small/arithmetic", f"run_dir={run}")
     labels = list(iter_jsonl(run / "labels.jsonl", Label))
     assert {label.utility for label in labels} == {0, 1}  # both sides of the band: the probe has rows to tell apart
     outputs = {
@@ -76,9 +75,9 @@ def test_the_tiny_config_runs_every_stage_and_repeats_from_its_seed(propel_cli, 
     first = digests(run)
     shutil.move(run, tmp_path / "first")
 
-    command = [str(Path(sys.executable).with_name("propel")), "-q", "run", str(tiny), f"run_dir={run}"]
+    command = [str(Path(sys.executable).with_name("propel")), "-q", "run", "small/arithmetic", f"run_dir={run}"]
     kill_when_written(command, run / "labels.jsonl", lines=3)
-    propel_cli("-q", "run", str(tiny), f"run_dir={run}")
+    propel_cli("-q", "run", "small/arithmetic", f"run_dir={run}")
     again = digests(run)
     assert sorted(again) == sorted(first)
     assert [name for name in sorted(first) if first[name] != again[name]] == []

@@ -17,7 +17,7 @@ from propel_core.plugins import Registry
 from propel_core.records import JsonlWriter, Label, SolverAttempt, Task, iter_jsonl
 from propel_core.testing import digests, kill_when_written
 
-TINY = Path(__file__).parent / "example_plugin" / "tiny.yaml"
+SMALL = "small/arithmetic"  # the built-in config, found by name
 #: two rounds of a few tasks each; a training step takes tens of seconds here, so one step each
 ROUNDS = [
     "rounds.num_rounds=2",
@@ -78,10 +78,10 @@ def test_a_trace_around_a_sampler_it_cannot_wrap_is_refused_when_the_config_is_r
 
 @pytest.fixture
 def probed(tmp_path_factory, propel_cli):
-    """The tiny config's corpus, labels, activations and probe (no training): where rounds start."""
+    """small/arithmetic's corpus, labels, activations and probe (no training): where rounds start."""
     folder = tmp_path_factory.mktemp("rounds") / "run"
     for stage in ("generate", "label", "extract", "probe"):
-        propel_cli("-q", stage, str(TINY), f"run_dir={folder}", *ROUNDS)
+        propel_cli("-q", stage, SMALL, f"run_dir={folder}", *ROUNDS)
     return folder
 
 
@@ -89,7 +89,7 @@ def probed(tmp_path_factory, propel_cli):
 def test_two_rounds_resume_after_kill_9_and_repeat_from_the_seed(probed, propel_cli, tmp_path):
     first = tmp_path / "run"  # both runs write here: what they record names their run_dir
     shutil.copytree(probed, first)
-    result = propel_cli("-q", "rounds", str(TINY), f"run_dir={first}", *ROUNDS)
+    result = propel_cli("-q", "rounds", SMALL, f"run_dir={first}", *ROUNDS)
     rounds = first / "rounds"
     for number in (1, 2):
         folder = rounds / f"r{number}"
@@ -124,19 +124,19 @@ def test_two_rounds_resume_after_kill_9_and_repeat_from_the_seed(probed, propel_
     shutil.move(first, tmp_path / "first")
     again = tmp_path / "run"
     shutil.copytree(probed, again)
-    command = [str(Path(sys.executable).with_name("propel")), "-q", "rounds", str(TINY), f"run_dir={again}", *ROUNDS]
+    command = [str(Path(sys.executable).with_name("propel")), "-q", "rounds", SMALL, f"run_dir={again}", *ROUNDS]
     kill_when_written(command, again / "rounds" / "r2" / "tasks.jsonl", lines=3, timeout=1800)
     assert not (again / "rounds" / "r2" / "round.json").exists()
-    propel_cli("-q", "rounds", str(TINY), f"run_dir={again}", *ROUNDS)
+    propel_cli("-q", "rounds", SMALL, f"run_dir={again}", *ROUNDS)
     found = digests(again)
     assert sorted(found) == sorted(expected)
     assert [name for name in sorted(found) if found[name] != expected[name]] == []
 
     # a setting a round depends on, changed, is refused before anything runs
-    refused = propel_cli("rounds", str(TINY), f"run_dir={again}", *ROUNDS, "rounds.old_weight=0.9", check=False)
+    refused = propel_cli("rounds", SMALL, f"run_dir={again}", *ROUNDS, "rounds.old_weight=0.9", check=False)
     assert refused.returncode != 0 and "rounds.old_weight: 0.5 -> 0.9" in refused.stderr
 
     # the report draws the rounds
-    propel_cli("-q", "report", str(TINY), f"run_dir={again}", *ROUNDS)
+    propel_cli("-q", "report", SMALL, f"run_dir={again}", *ROUNDS)
     page = (again / "report.html").read_text()
     assert "Rounds: does the solver learn" in page and "alt='held-out score and in-band rate per round'" in page
