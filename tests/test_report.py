@@ -200,6 +200,11 @@ def test_the_verdict_follows_its_rule():
     assert probe_verdict(0.93, 0.93 - TRANSFER_DROP - 0.01, 64, gap=0.0).startswith("Do not trust it:")
     assert probe_verdict(0.65, USEFUL_AUC - 0.01, 64, gap=0.0).startswith("Do not trust it:")
     assert probe_verdict(USEFUL_AUC - 0.01, 0.9, 64, gap=0.0).startswith("Do not trust it: its held-out AUC")
+    # small/countdown in issue 60's trial: a held-out AUC of 0.00 on 2 rows a split
+    assert probe_verdict(0.0, None, 0, gap=None, held_rows=2).endswith(
+        "Measured on 2 held-out rows a split only: label more tasks before reading it."
+    )
+    assert "held-out rows a split only" not in probe_verdict(0.0, None, 0, gap=None, held_rows=FEW_ROWS)
     assert "too few to tell" in probe_verdict(0.9, 0.9, FEW_ROWS - 1, gap=0.0)
     assert probe_verdict(0.9, None, 0, gap=None).startswith("Not checked on the policy's own tasks")
     assert "no audit ran (set train.audit.every)" in probe_verdict(0.9, None, 0, gap=None)

@@ -535,19 +535,30 @@ TRANSFER_DROP = 0.1
 
 
 def probe_verdict(
-    held_out: float | None, on_policy: float | None, rows: int, gap: float | None, audited: int = 0
+    held_out: float | None,
+    on_policy: float | None,
+    rows: int,
+    gap: float | None,
+    audited: int = 0,
+    held_rows: float | None = None,
 ) -> str:
     """One sentence on whether the probe's reward can be trusted: its held-out AUC against the AUROC
     the audits measured on ``rows`` of the policy's own tasks (None: none measured one), and the mean
     calibration gap (probe probability minus the real in-band rate) that tells an exploited probe
     (positive: the policy pleases it) from one that does not transfer. ``audited``: the audits that
-    ran, an AUROC or not (one needs tasks on both sides of the band)."""
+    ran, an AUROC or not (one needs tasks on both sides of the band); ``held_rows``: the held-out rows
+    per split the held-out AUC is the mean over."""
     if held_out is None:
         return "No verdict: there is no selected probe with a held-out AUC yet."
     if held_out < USEFUL_AUC:
         return (
             f"Do not trust it: its held-out AUC, {held_out:.2f}, is below {USEFUL_AUC}; it hardly tells in-band "
             "tasks from the rest even on the corpus it was fitted to."
+            + (
+                f" Measured on {held_rows:.0f} held-out rows a split only: label more tasks before reading it."
+                if held_rows is not None and held_rows < FEW_ROWS
+                else ""
+            )
         )
     if on_policy is None:
         if not audited:
@@ -609,7 +620,7 @@ def trust_section(root: Path, selected: Path) -> str:
             ["probe probability - real in-band rate (calibration gap)", "-", with_n(gap, gap_rows)],
         ],
     )
-    sentence = probe_verdict(found.get("test_auc"), auroc, total or 0, gap, audited=len(audits))
+    sentence = probe_verdict(found.get("test_auc"), auroc, total or 0, gap, audited=len(audits), held_rows=held_rows)
     return f"<p class='verdict'>{html.escape(sentence)}</p>" + table
 
 
