@@ -30,10 +30,10 @@ is deselected. A test the orders give a time limit (``time_limits``: node id -> 
 interrupts the process): a call that runs past it fails, a set-up or tear-down is an error;
 ``seconds`` is how long its three phases took. Once registered, it also takes what propel added out
 of what the code under test reads of its run (``guard.as_a_user``): its module's name from
-``PYTEST_PLUGINS``, its folder from ``PYTHONPATH`` and ``sys.path``. The preflight's orders
-(``trace_lines``) also have it trace the run (``sys.settrace``, in every thread): the end line then
-holds ``lines_run``, the lines of each file under the checkout that ran (path -> line numbers), what
-the procedural generator plants bugs on. Nothing else is traced: a verification runs untraced.
+``PYTEST_PLUGINS``, its folder from ``PYTHONPATH`` and ``sys.path``. The orders of the preflight's
+second run (``trace_lines``) also have it trace the run (``sys.settrace``, in every thread): the end
+line then holds ``lines_run``, the lines of each non-test file under the checkout that ran (path ->
+line numbers), what the procedural generator plants bugs on. No other run is traced.
 """
 
 # a private copy of the builtins, taken before any code of the repository runs: every function this
@@ -70,7 +70,7 @@ KEY, ROOT = ORDERS.get("key", ""), Path(ORDERS.get("root") or os.getcwd())
 SELECT = None if ORDERS.get("select") is None else set(ORDERS["select"])
 LIMITS = ORDERS.get("time_limits") or {}  # node id -> seconds each of its phases may run
 LIMIT = ORDERS.get("time_limit")  # ... for a test not named there (the preflight's: its whole budget)
-_intact = _refusals = _asks = _within = None
+_intact = _refusals = _asks = _within = _is_test = None
 _plugin_of_the_change = False  # a pytest plugin registered while the change's code ran
 try:
     OUT = os.dup(3)
@@ -82,21 +82,30 @@ if ORDERS.get("guard"):
     _refusals, _asks = _guard.install(str(ROOT), ORDERS.get("written") or {})
     _within = _guard.time_limit(OUT, KEY) if OUT is not None else None
     _guard.as_a_user(os.path.dirname(__file__), __name__)
+    _is_test = _guard.is_test_path
     del _guard
 
 
-def _line_tracer():
-    """(a trace function, the lines it saw run: checkout-relative path -> line numbers). A frame of a
-    file outside the checkout is not traced (its trace function is None), so pytest and the libraries
-    run at nearly full speed; one inside has a local trace function that adds each line it runs."""
-    lines_run, local_tracers = {}, {}
+def _line_tracer(is_test):
+    """(a trace function, the lines it saw run: checkout-relative path -> line numbers). A frame whose
+    module is outside the checkout, or is a test file (``is_test``), is not traced (its trace
+    function is None), so pytest, the libraries and the tests run at nearly full speed; one of the
+    code under test has a local trace function that adds each line of its code's file it runs. The
+    module is told by its globals' ``__file__``: reading a frame's code raises an audit event, which
+    the guard's hook answers, so the code is read only for frames of the code under test."""
+    lines_run, inside, local_tracers = {}, {}, {}
 
-    def local_tracer(filename):
-        if filename.startswith("<"):  # frozen modules, compiled strings: no file
+    def checkout_path(filename):
+        if not isinstance(filename, str) or filename.startswith("<"):  # frozen, compiled from a string
             return None
         try:
-            relative = Path(filename).resolve().relative_to(ROOT).as_posix()
+            return Path(filename).resolve().relative_to(ROOT).as_posix()
         except (ValueError, OSError):
+            return None
+
+    def local_tracer(filename):
+        relative = checkout_path(filename)
+        if relative is None:
             return None
         seen = lines_run.setdefault(relative, set())
 
@@ -108,6 +117,14 @@ def _line_tracer():
         return local
 
     def trace(frame, event, arg):
+        module = frame.f_globals.get("__file__")
+        if type(module) is not str:
+            return None
+        if module not in inside:
+            relative = checkout_path(module)
+            inside[module] = relative is not None and not is_test(relative)
+        if not inside[module]:
+            return None
         filename = frame.f_code.co_filename
         if filename not in local_tracers:
             local_tracers[filename] = local_tracer(filename)
@@ -117,8 +134,8 @@ def _line_tracer():
 
 
 _lines_run = None
-if ORDERS.get("trace_lines"):
-    _trace, _lines_run = _line_tracer()
+if ORDERS.get("trace_lines") and _is_test is not None:
+    _trace, _lines_run = _line_tracer(_is_test)
     threading.settrace(_trace)
     sys.settrace(_trace)
     del _trace

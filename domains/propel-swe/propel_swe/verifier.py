@@ -263,13 +263,20 @@ def checked_run(
 
 def preflight(sandbox, repo: RepoSpec) -> Baseline:
     """Run the suite once on the clean checkout: status, test count, duration, failures, per-test,
-    which of its files the suite imports and which of their lines it runs (the run is traced, this one
-    alone: its durations, and the budgets made from them, are the traced run's)."""
-    with workspace(sandbox, repo) as ws:  # each test under a limit, as later (the whole budget: no duration yet)
-        suite = run_suite(ws, repo, repo.time_budget, guarding={"time_limit": repo.time_budget, "trace_lines": True})
+    and which of its files the suite imports; then, where it ran, once more traced, for the lines of
+    those files it runs (``lines_run``; None where the traced run did not report). Tracing slows the
+    code under test several times over, so the outcomes and durations are the plain run's alone."""
+    guarding = {"time_limit": repo.time_budget}  # each test under a limit, as later (the whole budget)
+    with workspace(sandbox, repo) as ws:
+        suite = run_suite(ws, repo, repo.time_budget, guarding=guarding)
     failures = sum(outcome in ("failed", "error") for outcome in suite.tests.values())
     imported = [path for path in suite.imported if path.endswith(".py") and not is_test_path(path)]
-    lines_run = None if suite.lines_run is None else {path: suite.lines_run.get(path, []) for path in imported}
+    lines_run = None
+    if suite.status == "ok":
+        with workspace(sandbox, repo) as ws:
+            traced = run_suite(ws, repo, repo.time_budget, guarding={**guarding, "trace_lines": True})
+        if traced.status == "ok" and traced.lines_run is not None:
+            lines_run = {path: traced.lines_run.get(path, []) for path in imported}
     return Baseline(
         repo=repo.name,
         key=repo.key(),
