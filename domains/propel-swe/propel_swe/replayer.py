@@ -186,7 +186,7 @@ def replay(call: str, seconds: float, within, refusals, out_of_time) -> list:
             MAKE_FOLDER(folder, 0o700)
             put_back(folder, layout.get("folder") or {})
             CHANGE_FOLDER(folder)
-            out, err, streams = Printed(), Printed(), (sys.stdout, sys.stderr)
+            (out, err), streams = printing(), (sys.stdout, sys.stderr)
             with CATCH_WARNINGS(record=True) as warned:
                 WARN_ALWAYS("always")
                 sys.stdout, sys.stderr = out, err
@@ -218,6 +218,21 @@ class Printed(io.StringIO):
     def write(self, text):
         STRING_IO.write(self, text[: max(0, PRINTED - STRING_IO.tell(self))])
         return len(text)
+
+
+#: the process's stdout and stderr while a call is made: one pair for every call, emptied before each,
+#: so that code which kept ``sys.stdout`` as it loaded (``out=sys.stdout``) prints to the call being made
+PRINTING = [Printed(), Printed()]
+
+
+def printing() -> list[Printed]:
+    """The streams the next call prints to (``PRINTING``), empty; new ones where a call closed them."""
+    if any(each.closed for each in PRINTING):
+        PRINTING[:] = [Printed(), Printed()]
+    for each in PRINTING:
+        STRING_IO.seek(each, 0)
+        STRING_IO.truncate(each, 0)
+    return PRINTING
 
 
 def where_it_runs() -> str:

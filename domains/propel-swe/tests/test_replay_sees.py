@@ -98,9 +98,10 @@ def read_back(line):
 
 def answer(function, line, held: dict | None = None) -> list:
     """What the replayer answers to ``function(line)``, made in this process, in a folder that holds
-    ``held`` (relative name -> bytes) as the call starts."""
+    ``held`` (relative name -> bytes) as the call starts; ``function`` may be (module, name)."""
+    module, name = function if isinstance(function, tuple) else (__name__, function.__name__)
     layout = {"positional": ["line"], "varargs": None, "keyword": [], "varkw": None, "folder": held}
-    call = base64.b64encode(pickle.dumps((__name__, function.__name__, "function", layout, {"line": line})))
+    call = base64.b64encode(pickle.dumps((module, name, "function", layout, {"line": line})))
     return replayer.replay(call.decode(), 5.0, lambda seconds: contextlib.nullcontext(), lambda: (), TimeoutError)
 
 
@@ -140,8 +141,19 @@ def test_a_hostile_exception_is_described_without_harm():
     assert replayer.exception(odd())[0] == "?.Odd"
 
 
-def test_stdout_and_stderr_are_answered_apart():
+def test_stdout_and_stderr_are_answered_apart(tmp_path, monkeypatch):
+    """Apart, and in every call: also what a module prints to the stream it kept as it loaded (a
+    default ``out=sys.stdout``), which it loaded during an earlier call."""
     assert otherwise(to_stdout, to_stderr, "no entries") and not otherwise(to_stderr, to_stderr, "no entries")
+    (tmp_path / "kept_streams.py").write_text(
+        "import sys\n\n\ndef out(line, to=sys.stdout):\n    to.write(line)\n\n\n"
+        "def err(line, to=sys.stderr):\n    to.write(line)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = answer(("kept_streams", "out"), "no entries")  # the module loads during this call
+    assert answer(("kept_streams", "out"), "no entries") == loaded
+    assert answer(("kept_streams", "err"), "no entries")[0] != loaded[0]
+    monkeypatch.delitem(sys.modules, "kept_streams")
 
 
 def test_what_a_call_writes_in_its_folder_is_part_of_its_answer():
