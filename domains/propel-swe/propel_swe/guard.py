@@ -26,7 +26,8 @@ takes frames (six's ``exec_``) runs as it always did. Denied to the change's cod
   come without the guard's wrappers);
 - opening anything under ``/proc`` or ``/sys`` (its own memory, the runner's environment, the boot
   time past a moved clock) or ``/dev/mem``, and
-  opening the repository's test files (reading the assertions it must satisfy, or writing new ones).
+  opening the repository's test files (reading the assertions it must satisfy, or writing new ones),
+  by their names or by any other (a hard link made to one, one moved: ``the_tests``).
 
 A thread started while the change's code is on the stack is the change's too, and so is one the
 guard did not see start: everything it asks for is refused, whatever code it runs (the standard
@@ -112,7 +113,8 @@ def through_the_hook(operation: str):
     start, ...) and what it hands the runners are such functions: they hold ``sys.audit`` and the
     operation's name, nothing else (``isolated``). The originals and the guard's state live in the
     hook's closure alone, which nothing in the process can reach (the interpreter keeps audit hooks
-    where Python code cannot list them)."""
+    where Python code cannot list them). The hook answers only a frame that runs this function's
+    code: anyone else's ``sys.audit`` of ``EVENT`` is let pass, as in a plain process."""
     audit, event = sys.audit, EVENT  # bound in the closure: an isolated function has no globals to read
 
     def guarded(*args, **kwargs):
@@ -191,6 +193,25 @@ def written_lines(before: str, after: str) -> list[int]:
     return [line + 1 for tag, _, _, j1, j2 in matcher.get_opcodes() if tag != "equal" for line in range(j1, j2)]
 
 
+def the_tests(prefix: str) -> frozenset[tuple[int, int]]:
+    """The identity (device, inode) of every test file under the checkout folder ``prefix`` (absolute,
+    ending in ``/``), its git history left out: a hard link's second name, or a test file moved,
+    opens one of these. Taken as the guard installs, before any code of the repository runs."""
+    found = set()
+    for folder, folders, files in os.walk(prefix):
+        folders[:] = [name for name in folders if name != ".git"]
+        relative = folder[len(prefix) :]
+        for name in files:
+            if is_test_path(f"{relative}/{name}"):
+                try:
+                    identity = os.lstat(f"{folder}/{name}")  # a link in the tests is not followed
+                except OSError:
+                    continue
+                if (identity.st_mode & 0o170000) == 0o100000:
+                    found.add((identity.st_dev, identity.st_ino))
+    return frozenset(found)
+
+
 def install(root: str, written: dict[str, list[int]]):
     """Add the audit hook for the checkout at ``root`` and the change's ``written`` lines
     (checkout-relative path -> line numbers), and put what raises no audit event (setting a signal
@@ -212,12 +233,13 @@ def install(root: str, written: dict[str, list[int]]):
     import threading
 
     getframe, thread_id, fspath, lstat, readlink = sys._getframe, _thread.get_ident, os.fspath, os.lstat, os.readlink
+    stat = os.stat
     modules, start, owner = sys.modules, os.getcwd(), _thread.get_ident()
     function, module_type, code_type, paths = types.FunctionType, types.ModuleType, types.CodeType, (str, bytes)
     path_classes = (pathlib.PosixPath, pathlib.PurePosixPath)
     is_test, events, event_prefixes, frame_attributes = is_test_path, EVENTS, EVENT_PREFIXES, FRAME_ATTRIBUTES
     denied_modules, devices, refused, name_probes, frame_readers = MODULES, DEVICES, Refused, PROBES, READERS
-    asked = EVENT
+    asked, answering = EVENT, through_the_hook("asks").__code__  # the code every through_the_hook function runs
     judged = events | {"compile", "marshal.loads", "code.__new__", "import", "open", "object.__getattr__",
                        "object.__setattr__", "object.__delattr__"}  # fmt: skip
     prefix = "/" + "/".join(part for part in root.split("/") if part) + "/"
@@ -228,6 +250,7 @@ def install(root: str, written: dict[str, list[int]]):
     compiled: set[str] = set()  # file names of code the change's code compiled (exec, eval, compile)
     refusals: list[str] = []  # what was refused, in order
     library = os.path.dirname(os.__file__) + "/"
+    tests = the_tests(prefix)  # (device, inode) of each test file: what opening it by another name opens
 
     def absolute(path: str, resolve: bool = False) -> str:
         """``path`` made absolute and normal, its symbolic links followed where ``resolve``: builtins
@@ -310,11 +333,15 @@ def install(root: str, written: dict[str, list[int]]):
             path = fspath(path)
         resolved = absolute(path.decode(errors="replace") if type(path) is bytes else path, resolve=True)
         relative = checkout_path(resolved)
-        return (
-            resolved.startswith(devices)
-            or resolved in ("/proc", "/sys", "/dev/fd")
-            or (relative is not None and is_test(relative))
-        )
+        if resolved.startswith(devices) or resolved in ("/proc", "/sys", "/dev/fd"):
+            return True
+        if relative is not None and is_test(relative):
+            return True
+        try:  # a test file by a second name: a hard link made to it, or the file moved
+            found = stat(resolved)
+        except (OSError, ValueError):
+            return False
+        return (found.st_dev, found.st_ino) in tests
 
     def foreign(target) -> bool:
         """Whether no file of the repository's code defined ``target`` (a module, a class, or an
@@ -354,6 +381,8 @@ def install(root: str, written: dict[str, list[int]]):
             test = code is not None and (relative := checkout_path(code.co_filename)) and is_test(relative)
             if test and running_changed(caller):  # itself: inspect.signature of a test's function may
                 return "read the code of a test"
+            if code is answering:  # a function of its own running it would be answered (``hook``)
+                return "read the guard's code"
         setting = event in ("object.__setattr__", "object.__delattr__") and name in ("__class__", "__bases__")
         if setting and foreign(args[0]) and code_under_test_asks():  # through the standard library too
             return f"change {name} of what the repository did not define"
@@ -366,7 +395,7 @@ def install(root: str, written: dict[str, list[int]]):
 
     def hook(event: str, args: tuple) -> None:
         if event == asked:  # a through_the_hook function: done here, where the originals are
-            return act(args)
+            return act(args) if asking(lambda: getframe(3).f_code is answering) else None
         if event not in judged and not event.startswith(event_prefixes):
             return  # most events (exec, os.listdir ...) cost this one look-up
         if thread_id() in busy:  # the guard's own frame walk raises events too
@@ -485,14 +514,18 @@ def install(root: str, written: dict[str, list[int]]):
     return through_the_hook("refusals"), through_the_hook("asks")
 
 
-def as_a_user(folder: str, plugin: str | None = None, variables: tuple[str, ...] = (), argv: list[str] | None = None):
+def as_a_user(
+    folder: str, plugin: str | None = None, variables: tuple[str, ...] = (), command: list[str] | None = None
+):
     """Take what propel put into this process's run out of what the code under test reads of it, so
-    that it reads what a plain ``python -m pytest`` in the sandbox reads (docs/swe.md, "Judged as
-    used"): ``folder`` (where the runner's files lie) out of ``sys.path``, its importer cache and
-    ``PYTHONPATH``, ``plugin`` out of ``PYTEST_PLUGINS``, ``variables`` (libfaketime's) unset, and
-    ``sys.argv`` made a plain run's: pytest's ``__main__`` and ``argv`` (the test command's own
-    arguments). The variables change in ``os.environ`` and ``posix.environ`` only: the process's own
-    environment, which libfaketime reads and child processes inherit, stays as it was."""
+    that it reads what a plain run in the sandbox reads (docs/swe.md, "Judged as used"): ``folder``
+    (where the runner's files lie) out of ``sys.path``, its importer cache and ``PYTHONPATH``,
+    ``plugin`` out of ``PYTEST_PLUGINS``, ``variables`` (libfaketime's) unset, and the arguments made
+    those of a process started as ``python COMMAND``: ``sys.orig_argv`` the interpreter and
+    ``command``, ``sys.argv`` what Python makes of them (``["-m", "pytest", "-q"]``: pytest's
+    ``__main__`` and ``-q``; ``["-"]``, a program read from standard input: ``["-"]``). The variables
+    change in ``os.environ`` and ``posix.environ`` only: the process's own environment, which
+    libfaketime reads and child processes inherit, stays as it was."""
     import importlib.util
     import posix
 
@@ -514,10 +547,15 @@ def as_a_user(folder: str, plugin: str | None = None, variables: tuple[str, ...]
     sys.path[:] = [entry for entry in sys.path if entry != folder]
     for entry in [entry for entry in sys.path_importer_cache if entry == folder or entry.startswith(folder + "/")]:
         del sys.path_importer_cache[entry]  # the folder, and the runner's own file, run as a script
-    if argv is not None:
-        spec = importlib.util.find_spec("pytest")
-        where = spec.submodule_search_locations if spec is not None else None
-        sys.argv[:] = [os.path.join(where[0], "__main__.py") if where else "-m", *argv]
+    if command:
+        sys.orig_argv[:] = [sys.orig_argv[0], *command]
+        if command[0] == "-m":  # the module's file, as runpy sets it (a package's __main__)
+            spec = importlib.util.find_spec(command[1])
+            where = spec.submodule_search_locations if spec is not None else None
+            main = os.path.join(where[0], "__main__.py") if where else spec.origin if spec else "-m"
+            sys.argv[:] = [main, *command[2:]]
+        else:
+            sys.argv[:] = [*command]
 
 
 def watch(prefixes: tuple[str, ...]):

@@ -119,7 +119,7 @@ def main() -> None:
     # the string hash seed the harness gave every replay of these calls, unless the tests' environment set its own
     given = orders.get("hash_seed") is not None and os.environ.get("PYTHONHASHSEED") == str(orders["hash_seed"])
     hashing = ("PYTHONHASHSEED",) if given else ()
-    guard.as_a_user(os.path.dirname(os.path.realpath(__file__)), None, hashing, orders.get("argv"))
+    guard.as_a_user(os.path.dirname(os.path.realpath(__file__)), None, hashing, ["-"])  # a user's: ``python -``
     del guard
     answers, made, size, late = [], [], 0, False
     rng, repeated, repeating = random.Random(seed), set(), REPEAT_SECONDS

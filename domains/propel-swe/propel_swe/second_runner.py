@@ -11,8 +11,8 @@ descriptor in its own frame only, puts an empty module in place of ``__main__`` 
 can be looked up by name), snapshots the machinery it will call (``guard.watch``), installs the
 guard (``guard.install``: no frames, ``gc``, ``ctypes`` or processes for the change's code) and
 makes what the code under test reads of its process a plain pytest run's (``guard.as_a_user``: its
-folder off ``sys.path``, libfaketime's variables out of ``os.environ``, ``sys.argv`` the test
-command's).
+folder off ``sys.path``, libfaketime's variables out of ``os.environ``, ``sys.argv`` and
+``sys.orig_argv`` those of ``python -m pytest`` with the test command's arguments).
 
 A plain test (a function, or a method of a plain class or a ``unittest.TestCase``, taking no
 fixtures, in a file that uses no fixtures, marks or parametrization, with no ``conftest.py`` on its
@@ -82,7 +82,7 @@ def main() -> None:
         TIME.within = guard.time_limit(fd, nonce)
         refusals, CHANGE.asks = guard.install(str(root), orders.get("written") or {})
         here = os.path.dirname(os.path.realpath(__file__))
-        guard.as_a_user(here, None, orders.get("faked") or (), orders.get("argv"))
+        guard.as_a_user(here, None, orders.get("faked") or (), ["-m", "pytest", *(orders.get("argv") or ())])
         del guard
         with warnings.catch_warnings(record=True):  # recorded, as pytest does: never shown with a source line
             outcomes = run(root, tests)

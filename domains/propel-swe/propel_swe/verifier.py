@@ -658,8 +658,9 @@ def fresh_process(
 
 def command_arguments(test_command: str) -> list[str]:
     """The test command's own arguments, after ``pytest`` (``python -m pytest -q`` -> ``["-q"]``): what
-    the second runner and the replayer put in ``sys.argv`` after pytest's ``__main__``, as the first
-    runner's process has them (``guard.as_a_user``)."""
+    the second runner puts in ``sys.argv`` after pytest's ``__main__`` (and in ``sys.orig_argv`` after
+    ``-m pytest``), as the first runner's process has them (``guard.as_a_user``; the replayer reads as
+    a user's ``python -``)."""
     words = shlex.split(test_command)
     at = next((index for index, word in enumerate(words) if word.rsplit("/", 1)[-1] == "pytest"), len(words))
     return words[at + 1 :]

@@ -15,6 +15,7 @@ CHECKOUT = {
 import collections
 import gc
 import logging
+import os
 import signal
 import sys
 import threading
@@ -45,6 +46,21 @@ def handler():
 
 def the_tests():
     return open("tests/test_pkg.py").read()
+
+
+def the_tests_by_a_second_name():  # a hard link to a test file, opened by the link's name
+    os.link("tests/test_pkg.py", "pkg/notes.txt")
+    return open("pkg/notes.txt").read()
+
+
+def guard_asked():  # the guard's event raised by the change itself: a plain process answers nothing
+    box = []
+    sys.audit("propel." + "guard", "asks", (), {}, box)
+    return box
+
+
+def code_of_the_guard():  # what its functions run, to be run again with cells of the change's making
+    return signal.signal.__code__
 
 
 def process():
@@ -172,7 +188,8 @@ def harmless():
     "tests/test_pkg.py": "def test_one():\n    assert True\n",
 }
 WRITTEN = [  # the functions the change wrote: every one after original()
-    "frame", "garbage", "traceback_frame", "handler", "the_tests", "process", "proc", "thread", "memory",
+    "frame", "garbage", "traceback_frame", "handler", "the_tests", "the_tests_by_a_second_name", "guard_asked",
+    "code_of_the_guard", "process", "proc", "thread", "memory",
     "code_of_a_test", "compiled_later", "fresh_thread_module", "process_without_popen", "test_module_class_swapped",
     "handler_through_a_closure", "guard_state_cleared", "builtins_poisoned", "code_swapped_through_functools",
     "class_swapped_through_functools", "harmless",
@@ -227,12 +244,13 @@ def test_the_guard_refuses_the_change_what_it_leaves_the_repository(tmp_path):
     found = probe(tmp_path)
     assert found["original"] == "True"  # the repository's own code keeps its frames
     refused = {name: found[name] for name in WRITTEN if not found[name].startswith("allowed")}
-    assert set(refused) == set(WRITTEN) - {"thread", "harmless", "compiled_later"}, {
+    assert set(refused) == set(WRITTEN) - {"thread", "harmless", "compiled_later", "guard_asked"}, {
         **found,
         "harmless": found["harmless"],
     }
     assert all(text.startswith("Refused: the code under test may not") for text in refused.values()), refused
     assert found["thread"] == "allowed: []"  # started, but the thread's own frame walk was refused
+    assert found["guard_asked"] == "allowed: []"  # answered only to its own functions (before: [True])
     # logging's caller, namedtuple's module and a formatted traceback need a frame; asyncio, _posixsubprocess
     assert found["harmless"] == "allowed: 2"
     assert found["compiled_later()()"] == "Refused"  # code it compiled is its own, called later
