@@ -47,6 +47,7 @@ VARIANTS = 4  # calls the replayer makes of its own per recorded call (one argum
 CALL_SECONDS = 5.0  # what one call may take in the replayer
 NOT_REPLAYED = f'["{replayer.NOT_REPLAYED}"'  # how an answer begins where the call could not be made
 UNANSWERED = (NOT_REPLAYED, TIMEOUT)  # the original code gave no answer: the call is not judged
+RAISED = '[["raised"'  # how an answer begins where the call raised
 #: how near two numbers of an answer must be to answer the same: pytest.approx's way, with a tighter
 #: relative tolerance (``math.fsum`` for ``sum`` answers the same; a float off by 1e-6 does not)
 RELATIVE, ABSOLUTE = 1e-9, 1e-12
@@ -159,37 +160,42 @@ def alike(ours: list[str], theirs: list[str]) -> bool:
     return True
 
 
-def in_order(recorded: list[dict], made: list[list[str]]) -> list[tuple[str, str]]:
-    """(call, as shown) in the order the replayer made them: each recorded call, then those it made from it."""
+def in_order(recorded: list[dict], made: list[list[str]]) -> list[tuple[str, str, bool]]:
+    """(call, as shown, whether the replayer made it) in the order the replayer made them: each
+    recorded call, then those it made from it."""
     after: dict[int, list[tuple[str, str]]] = {}
     for call, shown, index in made:
         after.setdefault(int(index), []).append((call, shown))
     order = []
     for index, first in enumerate(recorded):
-        order.append((first["call"], first["shown"]))
-        order.extend((call, f"{first['shown']} with {shown}") for call, shown in after.get(index, []))
+        order.append((first["call"], first["shown"], False))
+        order.extend((call, f"{first['shown']} with {shown}", True) for call, shown in after.get(index, []))
     return order
 
 
 def of_the_original(
-    calls: list[tuple[str, str]],
+    calls: list[tuple[str, str, bool]],
     first: list[list[str]],
     second: dict[str, Any] | None,
     paths: list[str],
     recorded_all: bool,
 ) -> Replay:
     """Every call, in order, with the original code's answer where it answered, and answered the same
-    in both its replays (``first``, ``second``); an empty answer (not judged) elsewhere. A change's
-    replay makes every call, so each judged one meets the state the original's did."""
+    in both its replays (``first``, ``second``); an empty answer (not judged) elsewhere, and where the
+    replayer made the call (inputs no test holds, ``moved``) and the original raised: an input outside
+    what the function takes, whose exception (a ``TypeError`` for a tuple where a list was, worded by
+    the interpreter) a right fix may raise otherwise or not raise. A change's replay makes every call,
+    so each judged one meets the state the original's did."""
     replay = Replay(paths=paths, recorded_all=recorded_all, described=replayer.DESCRIBED)
     again = second["answers"] if second is not None else []
-    for index, (call, shown) in enumerate(calls):
+    for index, (call, shown, moved) in enumerate(calls):
         digest, said, numbers = first[index]
         stable = (
             index < len(again)
             and again[index][0] == digest
             and alike(again[index][2], numbers)
             and not said.startswith(UNANSWERED)
+            and not (moved and said.startswith(RAISED))
         )
         replay.calls.append(call)
         replay.shown.append(shown)

@@ -702,9 +702,9 @@ def record_calls(sandbox, repo: RepoSpec, baseline: Baseline, tests: list[str], 
             for call, answer in zip(in_order(recorded, first["made"]), first["answers"], strict=False)
             if answer[1] != TIMEOUT  # a change's replay would end there: the call is not made again
         ]
-        kept = Replay(calls=[call for (call, _), _ in answered], paths=paths, hash_seed=hash_seed)
+        kept = Replay(calls=[made[0] for made, _ in answered], paths=paths, hash_seed=hash_seed)
         second = replay_answers(ws, repo, kept, budget, None)
-    calls_made, answers = [call for call, _ in answered], [answer for _, answer in answered]
+    calls_made, answers = [made for made, _ in answered], [answer for _, answer in answered]
     replay = of_the_original(calls_made, answers, second, paths, not skipped and len(answered) == len(first["answers"]))
     replay.hash_seed = hash_seed
     return replay

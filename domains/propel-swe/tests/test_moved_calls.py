@@ -254,3 +254,23 @@ def count_call(items):
     items.append(1)
     CALLED.append(len(items))
     return len(items)
+
+
+def test_a_right_fix_that_raises_otherwise_outside_what_the_function_takes_solves(tiny_domain, monkeypatch):
+    """window(values, 2.0), a float moved in for the size: the original raises in ``range`` ("'float'
+    object cannot be interpreted as an integer"), the fix, which counts its windows first, in the
+    slice ("slice indices must be integers..."). An input outside what the function takes, worded by
+    the interpreter: a moved call on which the original raised judges no change (before, this right
+    fix was refused on that call's message)."""
+    from test_replay_attacks import CORE, edit_core, graded, verified
+
+    monkeypatch.setattr(verifier, "VARIANTS", 30)  # every way of moving the size is drawn
+    before, buggy = "range(len(values) - size + 1)", "range(len(values) - size)"
+    payload = verified(tiny_domain, edit_core(CORE, (before, buggy)))
+    fix = edit_core(
+        CORE.replace(before, buggy),
+        (f"    return [values[i : i + size] for i in {buggy}]\n", "    count = int(len(values) - size) + 1\n"
+         "    return [values[i : i + size] for i in range(count)]\n"),
+    )  # fmt: skip
+    verdict = graded(tiny_domain, payload, fix)
+    assert verdict.solved is True, verdict.reason
