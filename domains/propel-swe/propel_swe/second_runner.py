@@ -191,7 +191,13 @@ def _call(module, instance, call) -> str:
     except KeyboardInterrupt:  # the test's time limit (run_alone) ran out in its call: it failed
         outcome = "failed"
     except Exception as exc:
-        outcome = "skipped" if type(exc).__name__ in ("Skipped", "SkipTest") else "failed"
+        outcome = "skipped" if type(exc).__name__ == "SkipTest" else "failed"
+    except BaseException as exc:  # pytest's outcomes (``pytest.raises``' "DID NOT RAISE", ``pytest.fail``,
+        # ``pytest.skip``, ``pytest.xfail``) are no Exception; and pytest calls a test's SystemExit a failure
+        names = {kind.__name__ for kind in type(exc).__mro__}
+        if "OutcomeException" not in names and not isinstance(exc, SystemExit):
+            raise
+        outcome = "skipped" if names & {"Skipped", "XFailed"} else "failed"
     if tear_down is not None:
         try:
             _optional_argument(tear_down, call)

@@ -168,3 +168,54 @@ def test_a_failing_test_the_solver_never_sees_still_judges_its_fix(test_env, tmp
     special = reverted(TINY_BUG).replace("+    if value > high:", "+    if value > low and value != 5:")
     verdict = domain.grade(payload, json.dumps({"diff": special, "status": "finished", "turns": []}))
     assert verdict.solved is False, verdict.reason
+
+
+@pytest.mark.parametrize(
+    "outcome, line",
+    [
+        ("failed", "    pytest.fail('clamped')"),  # as pytest.raises' "DID NOT RAISE" fails a test
+        ("skipped", "    pytest.skip('not here')"),
+        ("skipped", "    pytest.xfail('known')"),
+        ("failed", "    raise SystemExit(3)"),
+    ],
+)
+def test_pytests_own_outcomes_in_a_plain_test_are_judged_as_pytest_judges_them(test_env, tmp_path, outcome, line):
+    """pytest's outcomes are no Exception (``pytest.raises`` failing with "DID NOT RAISE" is one): the
+    second runner called a plain test that ended in one an error, so a real bug whose test fails that
+    way was refused ("the runners disagree"). The test here is a plain one, which it calls itself."""
+    repo = Path(shutil.copytree(DATA / "tinystats", tmp_path / "tinystats"))
+    (repo / "tests" / "test_outcome.py").write_text(f"import pytest\n\n\ndef test_outcome():\n{line}\n")
+    git_checkout(repo)
+    needs_local_sandbox()
+    registry = write_registry(tmp_path, [{"name": "tinystats", "path": str(repo), "time_budget": 120}])
+    domain = Registry.build().domain(
+        "swe",
+        registry=str(registry),
+        preflight_dir=str(tmp_path / "preflight"),
+        sandbox_options={**SANDBOX, "python_env": str(test_env)},
+    )
+    repo_spec, test = domain.repos["tinystats"], "tests/test_outcome.py::test_outcome"
+    with workspace(domain.sandbox, repo_spec) as ws:
+        assert run_suite(ws, repo_spec, 60, [test]).tests[test] == outcome  # pytest's own word
+        assert second_run(ws, repo_spec, [test], 60) == {test: outcome}
+
+
+def test_a_bug_whose_test_fails_by_did_not_raise_is_valid_and_its_revert_solves(tiny_domain):
+    bug = (
+        "--- a/tinystats/core.py\n+++ b/tinystats/core.py\n@@ -1,5 +1,5 @@\n def mean(values):\n"
+        '     if not values:\n-        raise ValueError("mean of no values")\n+        return 0.0\n'
+        "     return sum(values) / len(values)\n \n \n"
+    )
+    payload = {"repo": "tinystats", "diff": bug, "turns": ["x"]}
+    validity = tiny_domain.verify(payload)
+    assert validity.valid, validity.reason
+    assert payload["failing_tests"] == ["tests/test_core.py::test_mean_of_nothing"]
+    fix = (
+        bug.replace("-        raise", "=")
+        .replace("+        return 0.0", "-        return 0.0")
+        .replace("=", "+        raise")
+    )
+    solved = tiny_domain.grade(
+        payload, json.dumps({"diff": fix, "stop_reason": "stop", "status": "finished", "turns": []})
+    )
+    assert solved.solved is True, solved.reason
