@@ -48,6 +48,7 @@ CALL_SECONDS = 5.0  # what one call may take in the replayer
 NOT_REPLAYED = f'["{replayer.NOT_REPLAYED}"'  # how an answer begins where the call could not be made
 UNANSWERED = (NOT_REPLAYED, TIMEOUT)  # the original code gave no answer: the call is not judged
 RAISED = '[["raised"'  # how an answer begins where the call raised
+RAISED_ONLY = "raised"  # the answer kept for a moved call on which the original raised: a change must raise
 #: how near two numbers of an answer must be to answer the same: pytest.approx's way, with a tighter
 #: relative tolerance (``math.fsum`` for ``sum`` answers the same; a float off by 1e-6 does not)
 RELATIVE, ABSOLUTE = 1e-9, 1e-12
@@ -64,7 +65,9 @@ class Replay(BaseModel):
     )
     shown: list[str] = Field(default_factory=list, description="each call, as a person reads it")
     answers: list[str] = Field(
-        default_factory=list, description="digest of what the original code answered; empty: not judged"
+        default_factory=list,
+        description="digest of what the original code answered; empty: not judged; 'raised': a moved call "
+        "on which the original raised, where a change must raise too",
     )
     said: list[str] = Field(default_factory=list, description="the first characters of that answer")
     numbers: list[list[str]] = Field(
@@ -143,13 +146,13 @@ def numbers_in(numbers: Any) -> bool:
 
 def alike(ours: list[str], theirs: list[str]) -> bool:
     """Whether two answers' numbers answer the same, as a test's ``pytest.approx`` compares them but
-    tighter: two ints exactly, otherwise within ``RELATIVE`` of each other (or ``ABSOLUTE`` near zero),
-    a NaN as a NaN."""
+    tighter: an int and any number exactly (``10**15 + 1`` is not ``1e15``), two floats within
+    ``RELATIVE`` of each other (or ``ABSOLUTE`` near zero), a NaN as a NaN."""
     if len(ours) != len(theirs):
         return False
     for one, other in zip(ours, theirs, strict=True):
-        if INTEGER.fullmatch(one) and INTEGER.fullmatch(other):
-            if int(one) != int(other):
+        if INTEGER.fullmatch(one) or INTEGER.fullmatch(other):  # an int equals a number only exactly, as == says
+            if exactly(one) != exactly(other):
                 return False
             continue
         first, second = float(one), float(other)
@@ -158,6 +161,10 @@ def alike(ours: list[str], theirs: list[str]) -> bool:
         ):
             return False
     return True
+
+
+def exactly(number: str) -> int | float:
+    return int(number) if INTEGER.fullmatch(number) else float(number)
 
 
 def in_order(recorded: list[dict], made: list[list[str]]) -> list[tuple[str, str, bool]]:
@@ -181,11 +188,12 @@ def of_the_original(
     recorded_all: bool,
 ) -> Replay:
     """Every call, in order, with the original code's answer where it answered, and answered the same
-    in both its replays (``first``, ``second``); an empty answer (not judged) elsewhere, and where the
-    replayer made the call (inputs no test holds, ``moved``) and the original raised: an input outside
-    what the function takes, whose exception (a ``TypeError`` for a tuple where a list was, worded by
-    the interpreter) a right fix may raise otherwise or not raise. A change's replay makes every call,
-    so each judged one meets the state the original's did."""
+    in both its replays (``first``, ``second``); an empty answer (not judged) elsewhere. Where the
+    replayer made the call (inputs no test holds, ``moved``) and the original raised, the answer kept
+    is ``RAISED_ONLY``: a change must raise too, whatever it raises (an input outside what the function
+    takes, a float for a size, whose exception the interpreter words otherwise in a right fix built
+    otherwise), and may not return. A change's replay makes every call, so each judged one meets the
+    state the original's did."""
     replay = Replay(paths=paths, recorded_all=recorded_all, described=replayer.DESCRIBED)
     again = second["answers"] if second is not None else []
     for index, (call, shown, moved) in enumerate(calls):
@@ -195,11 +203,10 @@ def of_the_original(
             and again[index][0] == digest
             and alike(again[index][2], numbers)
             and not said.startswith(UNANSWERED)
-            and not (moved and said.startswith(RAISED))
         )
         replay.calls.append(call)
         replay.shown.append(shown)
-        replay.answers.append(digest if stable else "")
+        replay.answers.append("" if not stable else RAISED_ONLY if moved and said.startswith(RAISED) else digest)
         replay.said.append(said if stable else "")
         replay.numbers.append(numbers if stable else [])
     return replay
@@ -217,9 +224,16 @@ def differing(replay: Replay, answers: list[list[str]] | None, of_a_fix: bool) -
     return [
         index
         for index in calls
-        if (answers[index][0] != replay.answers[index] or not alike(answers[index][2], carried(replay, index)))
+        if otherwise(replay, answers[index], index)
         and (of_a_fix or not (answers[index][1] == REFUSED or answers[index][1].startswith(NOT_REPLAYED)))
     ]
+
+
+def otherwise(replay: Replay, answer: list, index: int) -> bool:
+    """Whether a change's ``answer`` to call ``index`` is not the original's."""
+    if replay.answers[index] == RAISED_ONLY:
+        return not answer[1].startswith(RAISED)
+    return answer[0] != replay.answers[index] or not alike(answer[2], carried(replay, index))
 
 
 def carried(replay: Replay, index: int) -> list[str]:

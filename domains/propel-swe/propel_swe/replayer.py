@@ -395,8 +395,10 @@ def describe(value, depth: int = 0):
     ``__slots__`` included; no address, in a repr or in a text."""
     kind = type(value)
     name = class_path(kind)
-    if value is None or kind is bool:
+    if value is None:
         return value
+    if kind is bool:  # as == compares True with 1 and 1.0
+        return Number(str(int(value)), str(int(value)))
     if isinstance(value, str):  # a str subclass compares as its text; an object's address in it is not kept
         return without_addresses(str.__str__(value))
     if isinstance(value, int):  # past 2**53 no float is near enough to matter: compared exactly

@@ -274,3 +274,20 @@ def test_a_right_fix_that_raises_otherwise_outside_what_the_function_takes_solve
     )  # fmt: skip
     verdict = graded(tiny_domain, payload, fix)
     assert verdict.solved is True, verdict.reason
+
+
+def test_a_fix_that_returns_where_the_original_raised_on_a_moved_call_is_not_solved(tiny_domain, monkeypatch):
+    """The error restored for the test's own empty list only: for an empty tuple, the list moved to
+    another type, the original raises and this fix returns 0.0. On a moved call the original raised,
+    a change must raise too (before, no such call was judged, and this fix was solved)."""
+    from test_replay_attacks import CORE, edit_core, graded, verified
+
+    monkeypatch.setattr(verifier, "VARIANTS", 30)  # the empty list is moved to a tuple for sure
+    raising = '    if not values:\n        raise ValueError("mean of no values")\n'
+    returning = "    if not values:\n        return 0.0\n"
+    payload = verified(tiny_domain, edit_core(CORE, (raising, returning)))
+    fix = edit_core(
+        CORE.replace(raising, returning), (returning, raising.replace("not values", "values == []") + returning)
+    )
+    verdict = graded(tiny_domain, payload, fix)
+    assert verdict.solved is False, verdict.reason

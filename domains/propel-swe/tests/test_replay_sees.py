@@ -19,7 +19,7 @@ from test_replay_layer import attempt, words_diff
 
 from propel_swe import replayer
 from propel_swe.checkout import git_checkout
-from propel_swe.replay import Replay, differing
+from propel_swe.replay import Replay, alike, differing
 
 TOTALLED = [1.000000007795, 0.4, -0.4]  # sum and math.fsum differ at the twelfth significant digit
 AVERAGED = [3.000000000885, 2.7, -2.7]  # so do sum / len and statistics.fmean
@@ -326,3 +326,13 @@ def test_a_right_fix_that_sums_otherwise_is_solved(ledger_domain, bug):
     verdict = ledger_domain.grade(payload, attempt(ledger_diff(buggy, fixed)))
     assert verdict.solved is True, verdict.reason
     assert verdict.diagnostics["judged_by"]["replayed"] == Replay.model_validate(payload["replay"]).judged > 0
+
+
+def test_numbers_compare_as_equality_compares_them():
+    """An int equals a float only exactly (``10**15 + 1 == 1e15`` is false, and the float tolerance
+    made them alike); a bool is the number it equals (``True == 1``: a right fix answering 1 for True
+    was refused)."""
+    assert not alike(["1000000000000001"], ["1000000000000000.0"])
+    assert alike(["3"], ["3.0"]) and alike(["0.30000000000000004"], ["0.3"])
+    assert replayer.describe(True) == replayer.describe(1) != replayer.describe(2)
+    assert replayer.describe([False, True]) == replayer.describe([0, 1])
