@@ -131,6 +131,11 @@ def answers_of(line: str) -> dict[str, Any] | None:
     if not all(isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[1], str)
                and numbers_in(item[2]) for item in answer[0]):  # fmt: skip
         return None
+    if not isinstance(answer[1], list) or not all(
+        isinstance(item, list) and len(item) == 3 and all(isinstance(part, str) for part in item)
+        and item[2].isdigit() for item in answer[1]
+    ):  # fmt: skip
+        return None
     return {"answers": answer[0], "made": answer[1]}
 
 

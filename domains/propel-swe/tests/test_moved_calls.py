@@ -5,6 +5,7 @@ wrong for one shape the moved calls meet; before, each was solved. A revert and 
 of the same functions are still solved."""
 
 import base64
+import json
 import pickle
 import random
 from collections import Counter, OrderedDict
@@ -291,3 +292,14 @@ def test_a_fix_that_returns_where_the_original_raised_on_a_moved_call_is_not_sol
     )
     verdict = graded(tiny_domain, payload, fix)
     assert verdict.solved is False, verdict.reason
+
+
+def test_a_replayers_line_whose_made_calls_are_not_calls_is_no_answer():
+    """The line is read from a process that ran the code under test: a ``made`` that is no list of
+    [call, as shown, index] reached ``in_order`` and raised TypeError there."""
+    from propel_swe.replay import answers_of
+
+    answer = [["d" * 64, "said", ["1"]]]
+    assert answers_of(json.dumps([answer, [["call", "f(x=2)", "0"]]]))["made"] == [["call", "f(x=2)", "0"]]
+    for made in (7, [7], [["call", "f(x=2)"]], [["call", "f(x=2)", 0]], [["call", "f(x=2)", "first"]]):
+        assert answers_of(json.dumps([answer, made])) is None, made
