@@ -2,7 +2,7 @@
 procedural bugs it verifies (yield), whether each valid bug's exact revert solves it, that a change
 doing nothing and a README edit do not, and that the revert written in each ordinary shape of fix
 solves (``propel_swe.verdicts.survey``). Default: five PyPI sdists that between them hold what trips a
-verifier up (``REPOS``: hypothesis in the tests' environment, a unittest suite, src layouts with a
+verifier up (``REPOS``: hypothesis in the tests' environment, a unittest suite, a src layout with a
 conftest.py and ``filterwarnings = error``, a module importing ctypes at its top, objects whose repr
 holds an address), 12 bugs each, local sandbox; each repository's tests run in an environment of
 pytest and its own test dependencies (``--deps`` after its ``--repo``).
@@ -28,9 +28,9 @@ REPOS = {
     "iso8601==2.1.0": (["hypothesis", "pytz"], "hypothesis (iso8601/test_iso8601.py), tests inside the package"),
     "markupsafe==3.0.2": ([], "src layout, tests/conftest.py, filterwarnings = error (pyproject.toml)"),
     "idna==3.10": ([], "unittest suite (tests/test_idna.py)"),
-    "blinker==1.9.0": (  # its requirements/tests.txt pin: pytest-asyncio 1.x warns, and its warnings are errors
-        ["pytest-asyncio==0.24.0"],
-        "src layout, filterwarnings = error (pyproject.toml), reprs with an address (NamedSignal)",
+    "more-itertools==10.5.0": (
+        [],
+        "objects whose repr holds an address (peekable, seekable, bucket, countable: more_itertools/more.py)",
     ),
     "colorama==0.4.6": ([], "unittest suite (colorama/tests/*_test.py), ctypes imported at top (colorama/win32.py)"),
 }
