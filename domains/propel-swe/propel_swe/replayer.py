@@ -19,14 +19,15 @@ or a mapping that is no dict, and the dict it equals;
 every item of a sequence, the first ``ITEMS`` in full and the rest in a digest; an object's
 attributes, ``__slots__`` included; never an address, in a repr or in a text) or the exception
 raised (its class's path and its message), the arguments as the call left them (a method's effect
-on ``self``), the warnings it gave, what it printed to stdout and to stderr, and what it left in its
-folder (names, sizes, digests). It writes, on the descriptor, one line: ``NONCE`` and a JSON list
-with, per call, a digest of that description with its first ``NUMBERS`` numbers taken out, its first
-characters, and those numbers' exact text, which the harness compares within a tolerance
-(``replay.alike``; numbers past them are in the digest, floats to twelve significant digits). With a
-seed, after each recorded call
-it makes ``variants`` calls of its own that leave the recorded shape (one argument moved near or
-far, of another type, or inside a container or an object, in a copy; arguments passed by name) and,
+on ``self``), the warnings it gave, what it printed to stdout and to stderr (read at descriptors 1
+and 2, which point at files of its own while the call runs: ``sys.stdout`` stays the process's own
+stream, as in a user's process), and what it left in its folder (names, sizes, digests). It
+writes, on the descriptor, one line: ``NONCE`` and a JSON list with, per call, a digest of that
+description with its first ``NUMBERS`` numbers taken out, its first characters, and those numbers'
+exact text, which the harness compares within a tolerance (``replay.alike``; numbers past them are
+in the digest, floats to twelve significant digits). With a seed, after each recorded call it makes
+``variants`` calls of its own that leave the recorded shape (one argument moved near or far, of
+another type, or inside a container or an object, in a copy; arguments passed by name) and,
 once a function, the recorded call after as many of the same as fit its time (``made_again``), and
 answers them too, in the order it made them, and writes their pickles (with the recorded call each
 follows), so that the harness can make the same calls again elsewhere.
@@ -54,7 +55,6 @@ import collections.abc
 import copy
 import hashlib
 import importlib
-import io
 import json
 import os
 import pickle
@@ -87,8 +87,9 @@ PRINTED = 10_000  # characters of what a call printed to each stream that its de
 MESSAGE = 1000  # characters of an exception's message that its description keeps
 NUMBERS = 64  # numbers a call's answer carries beside its digest, compared within a tolerance (``replay.alike``)
 FILES, FILE_BYTES = 100, 16 << 20  # entries of a call's folder described; bytes of a file digested
-STRING_IO, ORDERED = io.StringIO, collections.OrderedDict
+ORDERED = collections.OrderedDict
 LIST_FOLDER, LSTAT, OPEN, READ, FSTAT, CLOSE = os.listdir, os.lstat, os.open, os.read, os.fstat, os.close
+DUP, DUP2, PREAD, UNLINK = os.dup, os.dup2, os.pread, os.unlink
 MAKE_FOLDER, MAKE_FOLDERS, CHANGE_FOLDER, CURRENT_FOLDER = os.mkdir, os.makedirs, os.chdir, os.getcwd
 RANDOM_BYTES = os.urandom
 REMOVE_TREE, IS_FOLDER, IS_FILE, IS_LINK = shutil.rmtree, stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
@@ -97,6 +98,7 @@ MEMORY, DEQUE = memoryview, collections.deque
 BUILT_IN_CONTAINERS = (list, tuple, collections.deque, collections.OrderedDict, dict, set, frozenset)
 READ_ONLY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # a link or a FIFO the call left is not followed or waited on
 WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+PRINTED_TO = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # what a call prints: ``printing``
 #: where each call's own folder is made: the replayer's run folder
 RUN_FOLDER = os.path.dirname(os.path.realpath(__file__))
 TYPE_MODULE, TYPE_QUALNAME = type.__dict__["__module__"].__get__, type.__dict__["__qualname__"].__get__
@@ -186,19 +188,19 @@ def replay(call: str, seconds: float, within, refusals, out_of_time) -> list:
             MAKE_FOLDER(folder, 0o700)
             put_back(folder, layout.get("folder") or {})
             CHANGE_FOLDER(folder)
-            (out, err), streams = printing(), (sys.stdout, sys.stderr)
-            with CATCH_WARNINGS(record=True) as warned:
-                WARN_ALWAYS("always")
-                sys.stdout, sys.stderr = out, err
-                try:
-                    returned = ["returned", describe(call_as_a_user(module, qualname, kind, layout, arguments))]
-                except Exception as exc:  # past its time, the call is interrupted (no Exception): ``within``
-                    returned = ["raised", *exception(exc)]
-                finally:
-                    sys.stdout, sys.stderr = streams
+            streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+            held = printing()
+            try:
+                with CATCH_WARNINGS(record=True) as warned:
+                    WARN_ALWAYS("always")
+                    try:
+                        returned = ["returned", describe(call_as_a_user(module, qualname, kind, layout, arguments))]
+                    except Exception as exc:  # past its time, the call is interrupted (no Exception): ``within``
+                        returned = ["raised", *exception(exc)]
+            finally:
+                texts = [without_addresses(text) for text in printed(held, streams)]
             given = [exception(each.message) for each in warned]
-            printed = [without_addresses(STRING_IO.getvalue(each)) for each in (out, err)]
-            description = [returned, describe(arguments), given, *printed, folder_described(folder)]
+            description = [returned, describe(arguments), given, *texts, folder_described(folder)]
             said, digested = encoded(description), encoded(description, numbers)
     except out_of_time:
         said, digested, numbers = TIMEOUT, TIMEOUT, []
@@ -212,27 +214,68 @@ def replay(call: str, seconds: float, within, refusals, out_of_time) -> list:
     return [SHA(digested.encode()).hexdigest(), said[:SHOWN], numbers]
 
 
-class Printed(io.StringIO):
-    """One stream a call prints to: its first ``PRINTED`` characters are kept."""
+def printing() -> list[int]:
+    """Descriptors 1 and 2 pointed at two fresh files of the run folder, unlinked as they are made
+    (nothing the call lists finds them; the disk they take is freed as the call ends), for the next
+    call to print to, once what the process's streams held has gone where it was going: [where 1 and
+    2 pointed before, the two files]."""
+    flushed()
+    files = []
+    try:
+        for _ in range(2):
+            name = RUN_FOLDER + "/p" + RANDOM_BYTES(8).hex()
+            files.append(OPEN(name, PRINTED_TO, 0o600))
+            UNLINK(name)
+        held = [DUP(1), DUP(2), *files]
+    except BaseException:
+        for each in files:
+            CLOSE(each)
+        raise
+    DUP2(held[2], 1)
+    DUP2(held[3], 2)
+    return held
 
-    def write(self, text):
-        STRING_IO.write(self, text[: max(0, PRINTED - STRING_IO.tell(self))])
-        return len(text)
+
+def printed(held: list[int], streams: tuple) -> list[str]:
+    """What the call printed at descriptors 1 and 2 (``printing``), the first ``PRINTED`` characters
+    of each (UTF-8, an undecodable byte replaced), once the streams it left and the process's own are
+    flushed; descriptors 1 and 2 put back where they pointed, and the process's streams (``sys.stdout``,
+    ``sys.stderr``, ``sys.__stdout__``, ``sys.__stderr__``) back in place where the call replaced them.
+    A call that closed a descriptor or pointed another there only changes what it printed."""
+    try:
+        flushed()
+    finally:
+        sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__ = streams
+        for each, before in ((1, held[0]), (2, held[1])):
+            try:
+                DUP2(before, each)
+            except OSError:  # the call closed the descriptor kept: 1 or 2 stays where the call left it
+                continue
+        texts = [printed_in(file) for file in held[2:]]
+        for each in held:
+            try:
+                CLOSE(each)
+            except OSError:  # the call closed it
+                continue
+    return texts
 
 
-#: the process's stdout and stderr while a call is made: one pair for every call, emptied before each,
-#: so that code which kept ``sys.stdout`` as it loaded (``out=sys.stdout``) prints to the call being made
-PRINTING = [Printed(), Printed()]
+def printed_in(file: int) -> str:
+    """The first ``PRINTED`` characters of a file a call printed to, "" where the call closed it."""
+    try:
+        return PREAD(file, PRINTED * 4, 0).decode("utf-8", "replace")[:PRINTED]
+    except OSError:
+        return ""
 
 
-def printing() -> list[Printed]:
-    """The streams the next call prints to (``PRINTING``), empty; new ones where a call closed them."""
-    if any(each.closed for each in PRINTING):
-        PRINTING[:] = [Printed(), Printed()]
-    for each in PRINTING:
-        STRING_IO.seek(each, 0)
-        STRING_IO.truncate(each, 0)
-    return PRINTING
+def flushed() -> None:
+    """The process's streams flushed: those a call left in ``sys`` and the process's own (a call may
+    have closed or replaced them, or given them a ``flush`` that raises)."""
+    for each in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            each.flush()
+        except Exception:  # closed, replaced by what has no flush, or a flush of the call's that raises
+            continue
 
 
 def where_it_runs() -> str:

@@ -86,6 +86,40 @@ def counted_off(line):
     return 2**40 + len(line) + 1
 
 
+def aligned(line):
+    print(f"{line:<8}|")
+
+
+def aligned_while_replaced(line):
+    """Right only where ``sys.stdout`` is not the process's own (pytest's capture, a judge's stream)."""
+    print(f"{line:<{8 if sys.stdout is not sys.__stdout__ else 6}}|")
+
+
+def emitted(line):
+    sys.stdout.buffer.write(f"{line:<8}|\n".encode())
+
+
+def emitted_narrow(line):
+    sys.stdout.buffer.write(f"{line:<6}|\n".encode())
+
+
+def printed_long(line):
+    print(line * replayer.PRINTED)
+
+
+def printed_longer(line):
+    print(line * (replayer.PRINTED + 5))
+
+
+def descriptors_taken(line):
+    """Closes descriptor 1, points 2 at a file of its own, prints a lot and leaves ``sys.stdout`` replaced."""
+    print(line)
+    os.close(1)
+    os.dup2(os.open("taken", os.O_WRONLY | os.O_CREAT), 2)
+    print(line * 10**6, file=sys.stderr)
+    sys.stdout = sys.stderr = open("replaced", "w")  # noqa: SIM115 (the call leaves it open)
+
+
 def left(line):
     os.symlink("/etc/passwd", "link")
     os.mkfifo("fifo")
@@ -141,9 +175,17 @@ def test_a_hostile_exception_is_described_without_harm():
     assert replayer.exception(odd())[0] == "?.Odd"
 
 
+def own_streams(monkeypatch) -> None:
+    """``sys.stdout`` and ``sys.stderr`` the process's own, on descriptors 1 and 2, as in the replayer's
+    process, for the rest of a test (pytest's capture puts streams of its own there as a test starts)."""
+    monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+    monkeypatch.setattr(sys, "stderr", sys.__stderr__)
+
+
 def test_stdout_and_stderr_are_answered_apart(tmp_path, monkeypatch):
     """Apart, and in every call: also what a module prints to the stream it kept as it loaded (a
     default ``out=sys.stdout``), which it loaded during an earlier call."""
+    own_streams(monkeypatch)
     assert otherwise(to_stdout, to_stderr, "no entries") and not otherwise(to_stderr, to_stderr, "no entries")
     (tmp_path / "kept_streams.py").write_text(
         "import sys\n\n\ndef out(line, to=sys.stdout):\n    to.write(line)\n\n\n"
@@ -154,6 +196,25 @@ def test_stdout_and_stderr_are_answered_apart(tmp_path, monkeypatch):
     assert answer(("kept_streams", "out"), "no entries") == loaded
     assert answer(("kept_streams", "err"), "no entries")[0] != loaded[0]
     monkeypatch.delitem(sys.modules, "kept_streams")
+
+
+def test_a_call_prints_through_the_process_own_streams(monkeypatch):
+    """What a call prints is read at descriptors 1 and 2; ``sys.stdout`` stays the process's own (a
+    real stream with a ``buffer`` and a descriptor), as in a user's process. Before, the replayer
+    replaced it while a call ran: a fix right only while it is replaced answered as the original, and
+    bytes written to ``sys.stdout.buffer`` raised alike for a bug and its revert. A call that closes
+    descriptor 1, points another at 2, prints a lot and replaces ``sys.stdout`` changes only its answer."""
+    own_streams(monkeypatch)
+    assert otherwise(aligned, aligned_while_replaced, "rent")
+    assert otherwise(emitted, emitted_narrow, "rent") and not otherwise(emitted, emitted, "rent")
+    assert not otherwise(printed_long, printed_longer, "x")  # the first PRINTED characters are kept
+    streams, kept = (sys.stdout, sys.stderr), [os.fstat(each) for each in (1, 2)]
+    assert otherwise(descriptors_taken, aligned, "rent")
+    assert (sys.stdout, sys.stderr) == streams
+    assert [(os.fstat(each).st_dev, os.fstat(each).st_ino) for each in (1, 2)] == [
+        (each.st_dev, each.st_ino) for each in kept
+    ]
+    assert otherwise(emitted, emitted_narrow, "rent")  # and every call after it as before
 
 
 def test_what_a_call_writes_in_its_folder_is_part_of_its_answer():
@@ -217,6 +278,10 @@ def report(entries):
         print("no entries", file=sys.stderr)
 
 
+def emit(name, amount):
+    sys.stdout.buffer.write(f"{name:<8}{amount:>8.2f}\\n".encode())
+
+
 def save(entries, path):
     with open(path, "w") as out:
         for name, amount in entries:
@@ -230,7 +295,7 @@ def convert(source, target):
 LEDGER_TESTS = f"""\
 import pytest
 
-from ledger.core import ParseError, convert, mean, parse, report, save, total
+from ledger.core import ParseError, convert, emit, mean, parse, report, save, total
 
 
 def test_parse():
@@ -253,6 +318,11 @@ def test_report(capsys):
     assert capsys.readouterr() == ("rent       12.50\\n", "no entries\\n")
 
 
+def test_emit(capsys):
+    emit("rent", 12.5)
+    assert capsys.readouterr().out == "rent       12.50\\n"
+
+
 def test_save(tmp_path):
     save([("rent", 12.5)], tmp_path / "out.csv")
     assert (tmp_path / "out.csv").read_text() == "rent,12.5\\n"
@@ -264,11 +334,13 @@ def test_convert(tmp_path):
     assert (tmp_path / "out.csv").read_text() == "rent,12.5\\nfood,3.0\\n"
 """
 #: real bugs the replay could not see: a wrong message, a library exception made its built-in base,
-#: a line printed to stdout that belongs on stderr, a file written wrong, a file read wrong
+#: a line printed to stdout that belongs on stderr, bytes written to ``sys.stdout.buffer`` wrong (they
+#: raised alike while the replayer replaced ``sys.stdout``), a file written wrong, a file read wrong
 UNSEEN = {
     "message": ("raise ParseError(f\"no '=' in {line!r}\")", "raise ParseError(f\"no '=' in {line}\")"),
     "base": ("raise ParseError(", "raise ValueError("),
     "stream": ('print("no entries", file=sys.stderr)', 'print("no entries")'),
+    "buffer": ('{name:<8}{amount:>8.2f}\\n".encode()', '{name:<6}{amount:>8.2f}\\n".encode()'),
     "file": ('out.write(f"{name},{amount}\\n")', 'out.write(f"{name};{amount}\\n")'),
     "read": ("for line in lines]", "for line in list(lines)[1:]]"),
 }
@@ -336,3 +408,18 @@ def test_numbers_compare_as_equality_compares_them():
     assert alike(["3"], ["3.0"]) and alike(["0.30000000000000004"], ["0.3"])
     assert replayer.describe(True) == replayer.describe(1) != replayer.describe(2)
     assert replayer.describe([False, True]) == replayer.describe([0, 1])
+
+
+def test_a_fix_right_only_while_stdout_is_replaced_is_not_solved(ledger_domain):
+    """A user's ``sys.stdout`` is the process's own (``sys.__stdout__``); pytest's capture replaces it,
+    and so did the replayer: a fix aligned only while it is replaced passed both runners and was
+    solved. The replay now prints through the process's own stream, and answers it otherwise."""
+    wide = 'print(f"{name:<8}{amount:>8.2f}")'
+    buggy = LEDGER.replace(wide, 'print(f"{name:<6}{amount:>8.2f}")')
+    fixed = LEDGER.replace(wide, 'print(f"{name:<{8 if sys.stdout is not sys.__stdout__ else 6}}{amount:>8.2f}")')
+    assert buggy != LEDGER != fixed
+    payload = {"repo": "ledger", "diff": ledger_diff(LEDGER, buggy), "turns": ["x"]}
+    assert ledger_domain.verify(payload).valid
+    verdict = ledger_domain.grade(payload, attempt(ledger_diff(buggy, fixed)))
+    assert verdict.solved is False, verdict.reason
+    assert "the original code answers" in verdict.reason, verdict.reason
