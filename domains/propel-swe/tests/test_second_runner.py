@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import DATA, SANDBOX, needs_local_sandbox
+from conftest import DATA, SANDBOX, local_domain, needs_local_sandbox
 from swe_helpers import BUG as TINY_BUG
 from swe_helpers import fenced, reverted, scripted, write_registry
 
@@ -185,15 +185,7 @@ def test_pytests_own_outcomes_in_a_plain_test_are_judged_as_pytest_judges_them(t
     way was refused ("the runners disagree"). The test here is a plain one, which it calls itself."""
     repo = Path(shutil.copytree(DATA / "tinystats", tmp_path / "tinystats"))
     (repo / "tests" / "test_outcome.py").write_text(f"import pytest\n\n\ndef test_outcome():\n{line}\n")
-    git_checkout(repo)
-    needs_local_sandbox()
-    registry = write_registry(tmp_path, [{"name": "tinystats", "path": str(repo), "time_budget": 120}])
-    domain = Registry.build().domain(
-        "swe",
-        registry=str(registry),
-        preflight_dir=str(tmp_path / "preflight"),
-        sandbox_options={**SANDBOX, "python_env": str(test_env)},
-    )
+    domain = local_domain("tinystats", git_checkout(repo), test_env, tmp_path)
     repo_spec, test = domain.repos["tinystats"], "tests/test_outcome.py::test_outcome"
     with workspace(domain.sandbox, repo_spec) as ws:
         assert run_suite(ws, repo_spec, 60, [test]).tests[test] == outcome  # pytest's own word
