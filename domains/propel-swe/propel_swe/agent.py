@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from propel_core.errors import PropelError
+from propel_core import PropelError
 from propel_plugins.sandbox import OUT_DIR
 from propel_swe.verifier import own_seconds
 
