@@ -20,6 +20,7 @@ split surrogate pair);
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import math
@@ -308,13 +309,29 @@ def put_in_order(path: str | Path, record: type[R], key: Callable[[R], Any]) -> 
 
 def replace_whole(path: Path, data: bytes) -> None:
     """``path`` holds ``data``, whole or not at all: written beside it, on disk, then moved over it, so a
-    kill or a crash meanwhile leaves the old file or the new one."""
+    kill or a crash meanwhile leaves the old file or the new one. What a writer killed meanwhile left
+    beside it (``NAME.PID.tmp``, its process gone) is removed by the next write of ``path``, so a
+    resumed run's folder holds what an uninterrupted one does."""
+    for left in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):
+        pid = left.name[len(path.name) + 1 : -len(".tmp")]
+        if pid.isdigit() and not _alive(int(pid)):
+            left.unlink(missing_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with partial.open("wb") as out:
         out.write(data)
         out.flush()
         os.fsync(out.fileno())
     os.replace(partial, path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class JsonlWriter:

@@ -1,6 +1,9 @@
 """Records and crash-safe JSONL files."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -19,6 +22,7 @@ from propel_core.records import (
     decode,
     encode,
     iter_jsonl,
+    replace_whole,
 )
 
 
@@ -277,3 +281,18 @@ def test_what_a_grader_returns_is_recorded_or_makes_the_attempt_ungradable(tmp_p
         assert all(out.write(attempt) for attempt in attempts.values())
         assert not out.write({"step": 1, "entry": RaisingItems(a=1)})
     assert len(list(iter_jsonl(tmp_path / "attempts.jsonl", SolverAttempt))) == len(cases)
+
+
+def test_a_whole_write_removes_what_a_killed_writer_left_beside_the_file(tmp_path):
+    """A kill between writing ``NAME.PID.tmp`` and moving it over ``NAME`` left it there for good, and a
+    resumed run's folder held one file more than an uninterrupted run's (test_rounds saw it once)."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    target = tmp_path / "times.json"
+    left = tmp_path / f"times.json.{int(gone.stdout)}.tmp"
+    running = tmp_path / f"times.json.{os.getppid()}.tmp"  # a writer still alive keeps its own
+    other = tmp_path / "times.jsonl.1.tmp"
+    for each in (left, running, other):
+        each.write_bytes(b"{")
+    replace_whole(target, b"{}\n")
+    assert target.read_bytes() == b"{}\n"
+    assert not left.exists() and running.exists() and other.exists()
