@@ -11,11 +11,9 @@ import random
 from collections import Counter, OrderedDict
 
 import pytest
-from conftest import local_domain
-from test_replay_layer import attempt, words_diff
+from test_replay_layer import attempt, one_module_domain, words_diff
 
 from propel_swe import replayer, verifier
-from propel_swe.checkout import git_checkout
 
 CORE = """\
 def scale(value, factor):
@@ -98,13 +96,7 @@ RIGHT_FIXES = {
 
 @pytest.fixture(scope="module")
 def words_domain(test_env, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repos") / "words"
-    (repo / "words").mkdir(parents=True)
-    (repo / "tests").mkdir()
-    (repo / "words" / "__init__.py").write_text("")
-    (repo / "words" / "core.py").write_text(CORE)
-    (repo / "tests" / "test_words.py").write_text(TESTS)
-    return local_domain("words", git_checkout(repo), test_env, tmp_path_factory.mktemp("words"))
+    return one_module_domain("words", CORE, TESTS, test_env, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

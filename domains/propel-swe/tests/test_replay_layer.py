@@ -302,15 +302,21 @@ def words_diff(before: str, after: str, path: str = "words/core.py") -> str:
     return "".join(lines)
 
 
+def one_module_domain(name: str, core: str, tests: str, test_env, tmp_path_factory):
+    """The swe domain on a repository of one package ``name``, its ``core.py`` holding ``core``, and
+    one test file, ``tests/test_NAME.py``, holding ``tests``."""
+    repo = tmp_path_factory.mktemp("repos") / name
+    (repo / name).mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / name / "__init__.py").write_text("")
+    (repo / name / "core.py").write_text(core)
+    (repo / "tests" / f"test_{name}.py").write_text(tests)
+    return local_domain(name, git_checkout(repo), test_env, tmp_path_factory.mktemp(name))
+
+
 @pytest.fixture(scope="module")
 def hashed_domain(test_env, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repos") / "words"
-    (repo / "words").mkdir(parents=True)
-    (repo / "tests").mkdir()
-    (repo / "words" / "__init__.py").write_text("")
-    (repo / "words" / "core.py").write_text(HASHED)
-    (repo / "tests" / "test_words.py").write_text(HASHED_TESTS)
-    return local_domain("words", git_checkout(repo), test_env, tmp_path_factory.mktemp("words"))
+    return one_module_domain("words", HASHED, HASHED_TESTS, test_env, tmp_path_factory)
 
 
 @pytest.mark.parametrize("function", sorted(HASHED_BUGS))

@@ -14,11 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import local_domain
-from test_replay_layer import attempt, words_diff
+from test_replay_layer import attempt, one_module_domain, words_diff
 
 from propel_swe import replayer
-from propel_swe.checkout import git_checkout
 from propel_swe.replay import Replay, alike, differing
 
 TOTALLED = [1.000000007795, 0.4, -0.4]  # sum and math.fsum differ at the twelfth significant digit
@@ -365,13 +363,7 @@ def ledger_diff(before: str, after: str) -> str:
 
 @pytest.fixture(scope="module")
 def ledger_domain(test_env, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repos") / "ledger"
-    (repo / "ledger").mkdir(parents=True)
-    (repo / "tests").mkdir()
-    (repo / "ledger" / "__init__.py").write_text("")
-    (repo / "ledger" / "core.py").write_text(LEDGER)
-    (repo / "tests" / "test_ledger.py").write_text(LEDGER_TESTS)
-    return local_domain("ledger", git_checkout(repo), test_env, tmp_path_factory.mktemp("ledger"))
+    return one_module_domain("ledger", LEDGER, LEDGER_TESTS, test_env, tmp_path_factory)
 
 
 @pytest.mark.parametrize("bug", sorted(UNSEEN))
