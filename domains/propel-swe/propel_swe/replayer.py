@@ -93,7 +93,7 @@ DUP, DUP2, PREAD, UNLINK = os.dup, os.dup2, os.pread, os.unlink
 MAKE_FOLDER, MAKE_FOLDERS, CHANGE_FOLDER, CURRENT_FOLDER = os.mkdir, os.makedirs, os.chdir, os.getcwd
 RANDOM_BYTES = os.urandom
 REMOVE_TREE, IS_FOLDER, IS_FILE, IS_LINK = shutil.rmtree, stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
-MEMORY, DEQUE = memoryview, collections.deque
+MEMORY = memoryview
 #: the built-in containers whose subclasses are described by what the built-in type holds
 BUILT_IN_CONTAINERS = (list, tuple, collections.deque, collections.OrderedDict, dict, set, frozenset)
 READ_ONLY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # a link or a FIFO the call left is not followed or waited on
@@ -466,11 +466,10 @@ def describe(value, depth: int = 0):
     told = [] if base is None or kind.__iter__ is base.__iter__ else [describe(iterated(value), depth + 1)]
     if isinstance(value, list | tuple) or name == "collections.deque":
         # a namedtuple compares as the tuple it is; every item counts, those past ITEMS in a digest
-        held = list(base.__iter__(value)) if base is not None else list(value)
+        held = list(base.__iter__(value))  # base: list, tuple, or the deque this is
         items = [describe(item, depth + 1) for item in held[:ITEMS]]
         rest = SHA(encoded([describe(item, depth + 1) for item in held[ITEMS:]]).encode()).hexdigest()
-        kept = base if base is not None and base is not DEQUE else kind
-        return [kept.__module__ + "." + kept.__qualname__, str(len(held)), items, rest, *told]
+        return [base.__module__ + "." + base.__qualname__, str(len(held)), items, rest, *told]
     if isinstance(value, MAPPING):
         held = base.items(value) if base in (dict, ORDERED) else value.items()
         pairs = [[describe(key, depth + 1), describe(item, depth + 1)] for key, item in islice(held, ITEMS)]
